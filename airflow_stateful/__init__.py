@@ -1,0 +1,34 @@
+"""airflow-provider-stateful: durable identity, fenced checkpoints and upgrade-safe resume for Airflow 3.
+
+This module stays lazy (PEP 562): Airflow imports ``airflow_stateful.get_provider_info`` while its own
+configuration is loading, and an eager import of anything that touches Airflow here would make every
+Airflow command fail with a circular import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from airflow_stateful.version import __version__
+
+_LAZY = {
+    "StateHook": "airflow_stateful.hooks.state",
+    "StatefulError": "airflow_stateful.core.errors",
+    "FencedError": "airflow_stateful.core.errors",
+    "CheckpointCorruptError": "airflow_stateful.core.errors",
+    "IdentityError": "airflow_stateful.core.errors",
+    "Identity": "airflow_stateful.core.identity",
+    "CheckpointStore": "airflow_stateful.core.checkpoint_store",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'airflow_stateful' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

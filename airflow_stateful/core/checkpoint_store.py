@@ -1,0 +1,402 @@
+"""CheckpointStore: leases, atomic fenced commits, verified reads and retention for one identity.
+
+The commit protocol (docs/adr/0001-commit-protocol.md), in order:
+
+1. check the writer still holds the lease (fail fast before uploading gigabytes);
+2. upload each file to a new immutable object ``<identity>/~data/<commit_id>/<n>`` (create-if-absent),
+   hashing it on the way;
+3. write the manifest ``<identity>/~manifests/<seq>-<commit_id>.json`` (create-if-absent): value, metadata,
+   file list with sizes and SHA-256;
+4. compare-and-swap the head record: append the entry (with the manifest's SHA-256), drop entries past
+   ``keep_last``, renew the lease, succeeding only while the head carries this writer's epoch and token;
+5. delete the objects of the dropped entries.
+
+Until step 4 the new objects are invisible garbage; after it the checkpoint is whole. A crash between any
+two steps therefore leaves the previous checkpoint intact and, at worst, unreferenced objects that
+:func:`~airflow_stateful.core.gc.collect_garbage` removes later.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from airflow_stateful.core.errors import (
+    CheckpointCorruptError,
+    CheckpointNotFoundError,
+    ConcurrentCommitError,
+    FencedError,
+    InvalidValueError,
+    ObjectNotFoundError,
+)
+from airflow_stateful.core.files import LocalFile, collect_files, safe_relative
+from airflow_stateful.core.head import HeadStore
+from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.lease import Lease, acquire_decision, check_holder
+from airflow_stateful.core.progress import TransferProgress, human_bytes
+from airflow_stateful.core.records import (
+    DATA_DIR,
+    MANIFEST_DIR,
+    CheckpointEntry,
+    FileEntry,
+    HeadRecord,
+    LeaseRecord,
+    Manifest,
+    WriterInfo,
+    canonical_json,
+    sha256_hex,
+    utcnow_iso,
+)
+from airflow_stateful.core.retention import KeepLast, RetentionPolicy
+from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.version import __version__
+
+log = logging.getLogger("airflow_stateful")
+
+DEFAULT_LEASE_TTL = 600.0
+DEFAULT_KEEP_LAST = 3
+_PROGRESS_MIN_BYTES = 64 * 1024 * 1024
+
+
+def validate_value(value: Any) -> bytes:
+    """The value as canonical JSON, or InvalidValueError naming what is not JSON."""
+    try:
+        return canonical_json(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidValueError(
+            f"checkpoint value is not JSON-serializable: {exc}. Store plain dicts, lists, strings, numbers, "
+            "booleans and None (no NaN/Infinity); put binary data in files=."
+        ) from exc
+
+
+class CheckpointStore:
+    """Checkpoints of one identity in one object store.
+
+    :param store: where the objects live.
+    :param identity: whose checkpoints these are.
+    :param keep_last: how many committed checkpoints to keep (or pass ``retention``).
+    :param lease_ttl: seconds a lease lives without a commit or renewal.
+    :param clock: seconds since the epoch; injectable for tests of expiry.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        identity: Identity,
+        keep_last: int = DEFAULT_KEEP_LAST,
+        retention: RetentionPolicy | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not isinstance(identity, Identity):
+            raise TypeError(f"identity must be an Identity, not {type(identity).__name__}")
+        if lease_ttl <= 0:
+            raise ValueError(f"lease_ttl must be a positive number of seconds, not {lease_ttl!r}")
+        self.store = store
+        self.identity = identity
+        self.retention: RetentionPolicy = retention or KeepLast(keep_last)
+        self.lease_ttl = float(lease_ttl)
+        self.clock = clock
+        self.heads = HeadStore(store=store, identity=identity, clock=clock)
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore(identity={self.identity.key!r}, store={self.store!r})"
+
+    # -- leases --------------------------------------------------------------------------------------------
+    def acquire(self, *, holder: WriterInfo | None = None, steal: bool = False) -> Lease:
+        """Take the lease, raising the epoch so every earlier writer is fenced.
+
+        :param steal: take it even from a live holder (an Airflow retry knows its earlier try is over).
+        """
+        holder = holder or WriterInfo.current()
+        head = self.heads.update(
+            lambda h: acquire_decision(
+                h, identity=self.identity, holder=holder, now=self.clock(), ttl=self.lease_ttl, steal=steal
+            )
+        )
+        assert head.lease is not None
+        previous = f"; fenced epoch {head.epoch - 1}" if head.epoch > 1 else ""
+        log.info("took the lease on %s at epoch %d%s", self.identity, head.epoch, previous)
+        return Lease(
+            identity=self.identity,
+            epoch=head.epoch,
+            token=head.lease.token,
+            holder=holder,
+            expires_at=head.lease.expires_at,
+        )
+
+    def renew(self, lease: Lease) -> Lease:
+        """Extend the lease by ``lease_ttl``; FencedError if it was taken over."""
+
+        def decide(head: HeadRecord | None) -> HeadRecord:
+            head = check_holder(head, lease, action="renew the lease on")
+            assert head.lease is not None
+            return head.evolve(lease=self._extended(head))
+
+        head = self.heads.update(decide)
+        assert head.lease is not None
+        return Lease(
+            identity=lease.identity,
+            epoch=lease.epoch,
+            token=lease.token,
+            holder=lease.holder,
+            expires_at=head.lease.expires_at,
+        )
+
+    def release(self, lease: Lease) -> bool:
+        """Give the lease up (the epoch stays). Returns False, without error, if it was already taken over."""
+        try:
+            self.heads.update(lambda h: check_holder(h, lease, action="release").evolve(lease=None))
+        except FencedError:
+            return False
+        return True
+
+    def break_lease(self) -> HeadRecord | None:
+        """Remove any lease and raise the epoch, fencing its holder. ``None`` if the identity has no head."""
+        if self.heads.load()[0] is None:
+            return None
+
+        def decide(head: HeadRecord | None) -> HeadRecord:
+            if head is None:
+                raise CheckpointNotFoundError(f"identity {self.identity} has no state")
+            return head.evolve(epoch=head.epoch + 1, lease=None)
+
+        head = self.heads.update(decide)
+        log.warning("broke the lease on %s; epoch is now %d", self.identity, head.epoch)
+        return head
+
+    def _extended(self, head: HeadRecord) -> LeaseRecord:
+        assert head.lease is not None
+        return replace(head.lease, expires_at=utcnow_iso(self.clock() + self.lease_ttl))
+
+    # -- commit --------------------------------------------------------------------------------------------
+    def commit(
+        self,
+        lease: Lease,
+        value: Any,
+        *,
+        files: str | Path | None = None,
+        schema_version: int = 1,
+        writer: WriterInfo | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Manifest:
+        """Make ``value`` (and the files below ``files``) the identity's newest checkpoint, atomically.
+
+        Everything the caller passed is checked before the first byte is written. Raises FencedError if the
+        lease was taken over; in that case nothing this writer uploaded becomes visible.
+        """
+        if lease.identity != self.identity:
+            raise ValueError(f"lease is for {lease.identity}, not {self.identity}")
+        if isinstance(schema_version, bool) or not isinstance(schema_version, int) or schema_version < 1:
+            raise InvalidValueError(f"schema_version must be an integer >= 1, not {schema_version!r}")
+        validate_value(value)
+        if extra is not None:
+            validate_value(extra)
+        local_files = collect_files(files)
+
+        head = check_holder(self.heads.load()[0], lease, action="commit to")
+        seq = head.next_seq
+        commit_id = uuid.uuid4().hex
+        entries = self._upload(local_files, commit_id)
+
+        manifest = Manifest(
+            identity=self.identity.key,
+            seq=seq,
+            commit_id=commit_id,
+            epoch=lease.epoch,
+            schema_version=schema_version,
+            created_at=utcnow_iso(self.clock()),
+            writer=writer or lease.holder,
+            value=value,
+            files=tuple(entries),
+            library_version=__version__,
+            extra=dict(extra or {}),
+        )
+        body = manifest.to_bytes()
+        manifest_key = f"{self.identity.key}/{MANIFEST_DIR}/{seq:012d}-{commit_id}.json"
+        self.store.put(manifest_key, body, if_none_match=True)
+        entry = CheckpointEntry(
+            seq=seq,
+            commit_id=commit_id,
+            manifest=manifest_key,
+            manifest_sha256=sha256_hex(body),
+            manifest_size=len(body),
+            created_at=manifest.created_at,
+            schema_version=schema_version,
+            epoch=lease.epoch,
+            total_size=manifest.total_size,
+            file_count=len(entries),
+        )
+        dropped: list[CheckpointEntry] = []
+
+        def decide(current: HeadRecord | None) -> HeadRecord:
+            current = check_holder(current, lease, action="commit to")
+            if current.next_seq != seq:
+                raise ConcurrentCommitError(
+                    f"identity {self.identity} advanced to seq {current.next_seq - 1} while this commit "
+                    f"(seq {seq}) was in flight with the same lease; commit from one thread at a time."
+                )
+            keep, drop = self.retention.split([*current.checkpoints, entry])
+            dropped[:] = drop
+            return current.evolve(next_seq=seq + 1, checkpoints=tuple(keep), lease=self._extended(current))
+
+        self.heads.update(decide)
+        log.info(
+            "committed checkpoint %d of %s (%d file(s), %s, schema %d)",
+            seq,
+            self.identity,
+            len(entries),
+            human_bytes(manifest.total_size),
+            schema_version,
+        )
+        self._delete_entries(dropped)
+        return manifest
+
+    def _upload(self, local_files: list[LocalFile], commit_id: str) -> list[FileEntry]:
+        total = sum(f.size for f in local_files)
+        progress = None
+        if total >= _PROGRESS_MIN_BYTES:
+            progress = TransferProgress(
+                label=f"uploading {len(local_files)} file(s) for {self.identity}",
+                total_bytes=total,
+                logger=log,
+            )
+        entries = []
+        for index, local in enumerate(local_files):
+            key = f"{self.identity.key}/{DATA_DIR}/{commit_id}/{index}"
+            stored = self.store.upload_file(key, local.path, progress=progress)
+            entries.append(FileEntry(path=local.rel, key=key, size=stored.size, sha256=stored.sha256))
+        if progress:
+            progress.finish()
+        return entries
+
+    def _delete_entries(self, entries: list[CheckpointEntry]) -> None:
+        """Remove the objects of checkpoints the head no longer lists. Failures only leave garbage for GC."""
+        for entry in entries:
+            try:
+                data_prefix = f"{self.identity.key}/{DATA_DIR}/{entry.commit_id}/"
+                self.store.delete_many([info.key for info in self.store.list_objects(data_prefix)])
+                self.store.delete(entry.manifest)
+            except Exception as exc:
+                log.warning(
+                    "could not delete old checkpoint %d of %s (%s); `airflow-stateful gc` will remove it",
+                    entry.seq,
+                    self.identity,
+                    exc,
+                )
+
+    # -- reads ---------------------------------------------------------------------------------------------
+    def head(self) -> HeadRecord | None:
+        return self.heads.load()[0]
+
+    def history(self) -> list[CheckpointEntry]:
+        """Committed checkpoints still kept, newest first."""
+        head = self.head()
+        return list(reversed(head.checkpoints)) if head else []
+
+    def latest(self) -> Manifest | None:
+        """The newest checkpoint, verified, or ``None`` when nothing was committed yet."""
+        for _ in range(5):
+            head = self.head()
+            if head is None or head.latest is None:
+                return None
+            try:
+                return self._read_manifest(head.latest)
+            except ObjectNotFoundError:
+                # Pruned between our head read and the manifest read? Re-read the head and try again.
+                if self._still_listed(head.latest):
+                    raise self._missing(head.latest) from None
+        raise CheckpointNotFoundError(f"identity {self.identity} kept changing while it was read; try again.")
+
+    def get(self, seq: int) -> Manifest:
+        """A kept checkpoint by number, verified."""
+        head = self.head()
+        entries = {e.seq: e for e in (head.checkpoints if head else ())}
+        if seq not in entries:
+            kept = ", ".join(str(s) for s in sorted(entries)) or "none"
+            raise CheckpointNotFoundError(f"identity {self.identity} has no checkpoint {seq}; kept: {kept}.")
+        try:
+            return self._read_manifest(entries[seq])
+        except ObjectNotFoundError:
+            if self._still_listed(entries[seq]):
+                raise self._missing(entries[seq]) from None
+            raise CheckpointNotFoundError(
+                f"checkpoint {seq} of {self.identity} was pruned while it was read."
+            ) from None
+
+    def _still_listed(self, entry: CheckpointEntry) -> bool:
+        head = self.head()
+        return head is not None and any(e.manifest == entry.manifest for e in head.checkpoints)
+
+    def _missing(self, entry: CheckpointEntry) -> CheckpointCorruptError:
+        return CheckpointCorruptError(
+            f"checkpoint {entry.seq} of {self.identity} is listed in the head record but its manifest "
+            f"{entry.manifest!r} is missing from {self.store.url}. Something deleted it outside this library; "
+            "roll back to an older checkpoint with `airflow-stateful rollback`."
+        )
+
+    def _read_manifest(self, entry: CheckpointEntry) -> Manifest:
+        blob = self.store.get(entry.manifest)
+        got = sha256_hex(blob.data)
+        if got != entry.manifest_sha256 or len(blob.data) != entry.manifest_size:
+            raise CheckpointCorruptError(
+                f"manifest {entry.manifest!r} of checkpoint {entry.seq} in {self.store.url} is corrupt: expected "
+                f"{entry.manifest_size} bytes with SHA-256 {entry.manifest_sha256}, read {len(blob.data)} bytes "
+                f"with SHA-256 {got}. Its value was not used; roll back to an older checkpoint."
+            )
+        manifest = Manifest.from_bytes(blob.data, key=entry.manifest)
+        if manifest.seq != entry.seq or manifest.identity != self.identity.key:
+            raise CheckpointCorruptError(
+                f"manifest {entry.manifest!r} says seq {manifest.seq} of {manifest.identity!r}, but the head lists "
+                f"it as seq {entry.seq} of {self.identity.key!r}."
+            )
+        return manifest
+
+    def restore_files(self, manifest: Manifest, dest: str | Path) -> list[Path]:
+        """Download a checkpoint's files into directory ``dest``, verified, all or nothing.
+
+        Files land in a staging directory first; only when every file is verified are they moved into
+        ``dest`` (existing files of the same name are replaced). On any error ``dest`` is left as it was.
+        """
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        staging = dest / f".stateful-restore-{uuid.uuid4().hex[:12]}"
+        total = sum(f.size for f in manifest.files)
+        progress = None
+        if total >= _PROGRESS_MIN_BYTES:
+            progress = TransferProgress(
+                label=f"restoring {len(manifest.files)} file(s) of {self.identity}",
+                total_bytes=total,
+                logger=log,
+            )
+        manifest_key = f"{self.identity.key}/{MANIFEST_DIR}/{manifest.seq:012d}-{manifest.commit_id}.json"
+        try:
+            rels = [safe_relative(f.path, manifest_key=manifest_key) for f in manifest.files]
+            for rel, entry in zip(rels, manifest.files, strict=True):
+                try:
+                    self.store.download_file(
+                        entry.key, staging / rel, size=entry.size, sha256=entry.sha256, progress=progress
+                    )
+                except ObjectNotFoundError as exc:
+                    raise CheckpointCorruptError(
+                        f"file {entry.path!r} of checkpoint {manifest.seq} of {self.identity} is missing: {exc}. "
+                        "Nothing was restored."
+                    ) from exc
+            restored = []
+            for rel in rels:
+                target = dest / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                (staging / rel).replace(target)
+                restored.append(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        if progress:
+            progress.finish()
+        return restored

@@ -1,0 +1,60 @@
+"""Every error this library raises, in one place.
+
+Each failure has its own class so callers (operators, the CLI, scripts) can react to one kind without
+parsing messages. Errors that are bad input in spirit also subclass :class:`ValueError`.
+Messages say what happened and what to do; they never carry credentials.
+"""
+
+from __future__ import annotations
+
+
+class StatefulError(Exception):
+    """Base class of every error raised by airflow-provider-stateful."""
+
+
+class IdentityError(StatefulError, ValueError):
+    """An identity (or one of its parts) is empty, too long, or could escape its prefix."""
+
+
+class ConfigurationError(StatefulError, ValueError):
+    """A backend URL, connection or option is missing or malformed."""
+
+
+class InvalidValueError(StatefulError, ValueError):
+    """A checkpoint value or file argument cannot be stored (not JSON, not a file, ...)."""
+
+
+class ObjectNotFoundError(StatefulError):
+    """An object the protocol expects does not exist in the store."""
+
+
+class PreconditionFailedError(StatefulError):
+    """A conditional write lost: the object exists (create-if-absent) or changed (compare-and-swap)."""
+
+
+class StoreError(StatefulError):
+    """The object store failed in a way the protocol cannot recover from (access denied, no bucket, ...)."""
+
+
+class FencedError(StatefulError):
+    """A writer's epoch is stale: a newer writer took the identity's lease, so this one may not commit."""
+
+
+class ConcurrentCommitError(StatefulError):
+    """Two commits presented the same lease at once; one writer's commits must be sequential."""
+
+
+class LeaseHeldError(StatefulError):
+    """Another writer holds a live lease on the identity."""
+
+
+class CheckpointCorruptError(StatefulError):
+    """A stored object does not match the size or SHA-256 recorded for it."""
+
+
+class CheckpointNotFoundError(StatefulError, LookupError):
+    """The requested checkpoint is not (or no longer) in the identity's history."""
+
+
+class FormatVersionError(StatefulError):
+    """A record was written by a newer, incompatible version of this library."""

@@ -1,0 +1,67 @@
+"""Reading and advancing an identity's head record with compare-and-swap.
+
+All state changes of an identity (taking, renewing, releasing or breaking a lease; committing a checkpoint)
+go through :meth:`HeadStore.update`, which reads the head and its ETag, lets a pure function compute the
+new head, and writes it back only if nobody changed it in between. A lost race re-reads and re-decides, so
+the decision (for example "is this writer still the lease holder?") is always made on the current head.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+
+from airflow_stateful.core.errors import ObjectNotFoundError, PreconditionFailedError, StoreError
+from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.records import HEAD_NAME, HeadRecord, utcnow_iso
+from airflow_stateful.core.stores.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+MAX_CAS_ATTEMPTS = 20
+
+
+class HeadStore:
+    """The head record of one identity in one object store."""
+
+    def __init__(
+        self, *, store: ObjectStore, identity: Identity, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.store = store
+        self.identity = identity
+        self.clock = clock
+        self.key = f"{identity.key}/{HEAD_NAME}"
+
+    def load(self) -> tuple[HeadRecord | None, str | None]:
+        """The current head and its ETag, or ``(None, None)`` when the identity has never been used."""
+        try:
+            blob = self.store.get(self.key)
+        except ObjectNotFoundError:
+            return None, None
+        return HeadRecord.from_bytes(blob.data, key=self.key), blob.etag
+
+    def update(self, decide: Callable[[HeadRecord | None], HeadRecord]) -> HeadRecord:
+        """Apply ``decide`` to the current head and store the result atomically.
+
+        ``decide`` may raise to abort (nothing is written). It is called again with the fresh head each
+        time another writer changed it first.
+        """
+        for attempt in range(MAX_CAS_ATTEMPTS):
+            current, etag = self.load()
+            new = decide(current).evolve(updated_at=utcnow_iso(self.clock()))
+            try:
+                if etag is None:
+                    self.store.put(self.key, new.to_bytes(), if_none_match=True)
+                else:
+                    self.store.put(self.key, new.to_bytes(), if_match=etag)
+            except PreconditionFailedError:
+                log.debug("head %s changed under us (attempt %d); re-reading", self.key, attempt + 1)
+                time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
+                continue
+            return new
+        raise StoreError(
+            f"head record {self.key!r} in {self.store.url} kept changing for {MAX_CAS_ATTEMPTS} attempts; "
+            "too many writers are contending for this identity."
+        )

@@ -1,0 +1,115 @@
+"""The small object-store interface the commit protocol is written against.
+
+Two real implementations exist: :class:`~airflow_stateful.core.stores.s3.S3ObjectStore` and
+:class:`~airflow_stateful.core.stores.local.LocalObjectStore`. Both pass the same contract suite
+(``tests/contract``). The protocol needs only a handful of operations, but two of them must be
+*conditional*: create-if-absent (``put(..., if_none_match=True)``) and compare-and-swap
+(``put(..., if_match=etag)``). Everything else (fencing, atomic visibility) is built on those two.
+
+Keys are relative to the store's root (an S3 bucket + prefix, or a directory) and use ``/``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+ProgressCallback = Callable[[int], None]
+"""Called with the number of bytes moved since the previous call."""
+
+CHUNK_SIZE = 1024 * 1024
+"""Read/hash granularity for streamed files; memory per stream stays around this size."""
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A small object read whole, with the ETag to use for a later compare-and-swap."""
+
+    data: bytes
+    etag: str
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One entry of a listing."""
+
+    key: str
+    size: int
+    last_modified: datetime
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """What :meth:`ObjectStore.upload_file` wrote: size and SHA-256 of the bytes actually sent."""
+
+    key: str
+    size: int
+    sha256: str
+
+
+class ObjectStore(abc.ABC):
+    """Byte storage with conditional writes. Implementations must be safe to share between threads."""
+
+    #: URL of the store's root, without credentials; used in messages and metadata.
+    url: str
+
+    @abc.abstractmethod
+    def get(self, key: str) -> Blob:
+        """Read a small object whole. Raises ObjectNotFoundError when it does not exist."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+        """Write a small object and return its new ETag.
+
+        ``if_none_match=True`` creates only if the key is absent; ``if_match`` replaces only if the
+        current ETag equals it (a missing key also fails). A lost condition raises
+        PreconditionFailedError and leaves the object as it was.
+        """
+
+    @abc.abstractmethod
+    def upload_file(self, key: str, path: Path, *, progress: ProgressCallback | None = None) -> StoredFile:
+        """Stream a local file to a new, immutable object (create-if-absent), hashing it on the way.
+
+        Memory stays bounded whatever the file size. The object is visible only once complete.
+        """
+
+    @abc.abstractmethod
+    def download_file(
+        self,
+        key: str,
+        dest: Path,
+        *,
+        size: int,
+        sha256: str,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        """Stream an object into ``dest``, verifying its size and SHA-256.
+
+        ``dest`` appears only when the bytes are verified; on a mismatch it is not created (or left as
+        it was) and CheckpointCorruptError names the object.
+        """
+
+    @abc.abstractmethod
+    def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        """All objects whose key starts with ``prefix``, in lexicographic key order."""
+
+    @abc.abstractmethod
+    def delete(self, key: str, *, if_match: str | None = None) -> None:
+        """Delete one object; a missing key is not an error unless ``if_match`` is given."""
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete objects, ignoring missing ones. Stores with a batch API override this."""
+        for key in keys:
+            self.delete(key)
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
+        """Release connections or thread pools."""
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

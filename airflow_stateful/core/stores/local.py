@@ -1,0 +1,248 @@
+"""A directory as an object store: the embedded default, and the reference for the contract suite.
+
+Conditional writes are built from POSIX guarantees rather than from a lock server:
+
+* create-if-absent writes a temporary file, ``fsync``s it, then ``link()``s it to the final name. ``link``
+  fails atomically when the name exists, so two creators can never both win and a reader can never see a
+  half-written object.
+* compare-and-swap takes an exclusive ``flock`` on a per-key lock file, compares the current content's
+  ETag and ``rename()``s the new file over the old one. Readers do not lock: ``rename`` is atomic, so they
+  see the old bytes or the new ones.
+
+The ETag of a local object is the SHA-256 of its content; CAS is only used for the small head records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import BinaryIO
+
+from airflow_stateful.core.errors import (
+    ConfigurationError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+)
+from airflow_stateful.core.stores.base import (
+    CHUNK_SIZE,
+    Blob,
+    ObjectInfo,
+    ObjectStore,
+    ProgressCallback,
+    StoredFile,
+)
+from airflow_stateful.core.stores.verify import copy_verified
+
+_INTERNAL_DIR = ".stateful"
+"""Holds temporary files and lock files; never listed. Lives inside the root so ``link``/``rename`` stay on one filesystem."""
+
+
+def _etag(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalObjectStore(ObjectStore):
+    """Objects as files below ``root``.
+
+    :param root: the directory; created if missing.
+    :param fsync: flush data and directory entries to disk before a write returns (turn off only in tests).
+    """
+
+    def __init__(self, *, root: str | os.PathLike[str], fsync: bool = True) -> None:
+        self.root = Path(root).expanduser().absolute()
+        self.fsync = fsync
+        try:
+            (self.root / _INTERNAL_DIR / "tmp").mkdir(parents=True, exist_ok=True)
+            (self.root / _INTERNAL_DIR / "locks").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigurationError(f"cannot use {self.root} as a local state directory: {exc}") from exc
+        self.url = self.root.as_uri()
+
+    def __repr__(self) -> str:
+        return f"LocalObjectStore(root={str(self.root)!r})"
+
+    # -- paths ---------------------------------------------------------------------------------------------
+    def _path(self, key: str) -> Path:
+        if not key or key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
+            raise ValueError(f"invalid object key {key!r}")
+        if key.split("/", 1)[0] == _INTERNAL_DIR:
+            raise ValueError(f"object key {key!r} uses the reserved folder {_INTERNAL_DIR!r}")
+        return self.root / key
+
+    def _tmp_path(self) -> Path:
+        return self.root / _INTERNAL_DIR / "tmp" / uuid.uuid4().hex
+
+    @contextlib.contextmanager
+    def _key_lock(self, key: str) -> Iterator[None]:
+        name = hashlib.sha256(key.encode()).hexdigest()
+        fd = os.open(self.root / _INTERNAL_DIR / "locks" / name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _write_tmp(self, data: bytes) -> Path:
+        tmp = self._tmp_path()
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            if self.fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        return tmp
+
+    def _publish_new(self, tmp: Path, dest: Path, key: str) -> None:
+        """Give ``tmp`` the name ``dest`` only if nothing has that name yet."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(tmp, dest)
+        except FileExistsError:
+            raise PreconditionFailedError(f"object {key!r} already exists in {self.url}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        if self.fsync:
+            _fsync_dir(dest.parent)
+
+    # -- interface -----------------------------------------------------------------------------------------
+    def get(self, key: str) -> Blob:
+        try:
+            data = self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFoundError(f"object {key!r} does not exist in {self.url}") from None
+        return Blob(data=data, etag=_etag(data))
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+        if if_none_match and if_match is not None:
+            raise ValueError("if_none_match and if_match exclude each other")
+        dest = self._path(key)
+        tmp = self._write_tmp(data)
+        try:
+            if if_none_match:
+                self._publish_new(tmp, dest, key)
+            elif if_match is not None:
+                with self._key_lock(key):
+                    try:
+                        current = _etag(dest.read_bytes())
+                    except FileNotFoundError:
+                        raise PreconditionFailedError(
+                            f"object {key!r} does not exist in {self.url}; compare-and-swap lost"
+                        ) from None
+                    if current != if_match:
+                        raise PreconditionFailedError(f"object {key!r} changed since it was read")
+                    os.replace(tmp, dest)
+                if self.fsync:
+                    _fsync_dir(dest.parent)
+            else:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with self._key_lock(key):
+                    os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return _etag(data)
+
+    def upload_file(self, key: str, path: Path, *, progress: ProgressCallback | None = None) -> StoredFile:
+        dest = self._path(key)
+        tmp = self._tmp_path()
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with open(path, "rb") as src, open(tmp, "wb") as out:
+                while chunk := src.read(CHUNK_SIZE):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+                    if progress:
+                        progress(len(chunk))
+                if self.fsync:
+                    out.flush()
+                    os.fsync(out.fileno())
+            self._publish_new(tmp, dest, key)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return StoredFile(key=key, size=size, sha256=digest.hexdigest())
+
+    def download_file(
+        self,
+        key: str,
+        dest: Path,
+        *,
+        size: int,
+        sha256: str,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        try:
+            src: BinaryIO = open(self._path(key), "rb")  # noqa: SIM115 - closed below
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFoundError(f"object {key!r} does not exist in {self.url}") from None
+        copy_verified(src, dest, key=key, where=self.url, size=size, sha256=sha256, progress=progress)
+
+    def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        # Walk only the deepest directory the prefix names, then filter by the full prefix.
+        base_dir = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = self.root / base_dir if base_dir else self.root
+        if not start.is_dir():
+            return
+        found: list[ObjectInfo] = []
+        for dirpath, dirnames, filenames in os.walk(start):
+            rel_dir = os.path.relpath(dirpath, self.root)
+            if rel_dir == ".":
+                dirnames[:] = [d for d in dirnames if d != _INTERNAL_DIR]
+                rel_dir = ""
+            for name in filenames:
+                key = f"{rel_dir}/{name}" if rel_dir else name
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    continue
+                found.append(
+                    ObjectInfo(
+                        key=key,
+                        size=st.st_size,
+                        last_modified=datetime.fromtimestamp(st.st_mtime, tz=timezone.utc),
+                    )
+                )
+        found.sort(key=lambda info: info.key)
+        yield from found
+
+    def delete(self, key: str, *, if_match: str | None = None) -> None:
+        path = self._path(key)
+        with self._key_lock(key):
+            if if_match is not None:
+                try:
+                    current = _etag(path.read_bytes())
+                except FileNotFoundError:
+                    raise PreconditionFailedError(f"object {key!r} does not exist in {self.url}") from None
+                if current != if_match:
+                    raise PreconditionFailedError(f"object {key!r} changed since it was read")
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return
+        # Drop directories left empty so listings and `du` stay clean; stop at the root.
+        parent = path.parent
+        while parent != self.root:
+            try:
+                parent.rmdir()
+            except OSError as exc:
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.EBUSY):
+                    break
+                raise
+            parent = parent.parent

@@ -1,0 +1,55 @@
+"""From a backend URL (``s3://bucket/prefix`` or ``file:///path``) to an object store."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from airflow_stateful.core.errors import ConfigurationError
+from airflow_stateful.core.stores.base import ObjectStore
+
+SCHEMES = ("s3", "file")
+
+
+def store_from_url(url: str, **options: Any) -> ObjectStore:
+    """Open the store a backend URL names.
+
+    ``options`` go to the store's constructor (for S3: ``endpoint_url``, ``region_name``, credentials,
+    ``client``; for a directory: ``fsync``). Without credentials, S3 uses boto3's standard chain.
+    """
+    if not isinstance(url, str) or not url:
+        raise ConfigurationError(f"backend_url must be a non-empty string, not {url!r}")
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigurationError(
+                f"backend_url {url!r}: file URLs need an absolute path, e.g. file:///var/state"
+            )
+        path = unquote(parsed.path)
+        if not path.startswith("/"):
+            raise ConfigurationError(
+                f"backend_url {url!r}: file URLs need an absolute path, e.g. file:///var/state"
+            )
+        from airflow_stateful.core.stores.local import LocalObjectStore
+
+        return LocalObjectStore(root=path, **options)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ConfigurationError(f"backend_url {url!r} has no bucket; use s3://bucket/prefix")
+        if parsed.query or parsed.fragment or parsed.username or parsed.password:
+            raise ConfigurationError(
+                f"backend_url s3://{parsed.hostname}/... must not carry credentials, a query or a fragment; "
+                "put credentials in the Airflow connection (conn_id) or the AWS credential chain."
+            )
+        prefix = unquote(parsed.path).strip("/")
+        if any(part in (".", "..") for part in prefix.split("/")) or "//" in prefix:
+            raise ConfigurationError(f"backend_url {url!r} has an invalid prefix {prefix!r}")
+        try:
+            from airflow_stateful.core.stores.s3 import S3ObjectStore
+        except ImportError as exc:  # pragma: no cover - boto3 is a dependency
+            raise ConfigurationError("s3:// backends need boto3: pip install boto3") from exc
+        return S3ObjectStore(bucket=parsed.netloc, prefix=prefix, **options)
+    raise ConfigurationError(
+        f"backend_url {url!r} has the unsupported scheme {parsed.scheme!r}; use one of "
+        + ", ".join(f"{s}://" for s in SCHEMES)
+    )

@@ -1,0 +1,365 @@
+"""S3 (and any S3-compatible endpoint) as an object store, with conditional writes.
+
+create-if-absent is ``PutObject``/``CompleteMultipartUpload`` with ``If-None-Match: *``; compare-and-swap is
+``PutObject`` with ``If-Match: <etag>``. S3 answers a lost condition with 412 (or 409 when two conditional
+writes race), which becomes :class:`PreconditionFailedError`.
+
+Large files are streamed: the file is read once, in order, hashing every part as it goes, while up to
+``max_concurrency`` parts are uploaded in parallel; memory stays at about ``(max_concurrency + 1) *
+part_size`` whatever the file size. Downloads fetch ranges in parallel and hash them in order.
+
+Only boto3 is needed (this module also runs inside Kubernetes pods without Airflow). Credentials come from
+the arguments (an Airflow connection, resolved by the caller) or from boto3's standard chain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from airflow_stateful.core.errors import (
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StatefulError,
+    StoreError,
+)
+from airflow_stateful.core.stores.base import (
+    Blob,
+    ObjectInfo,
+    ObjectStore,
+    ProgressCallback,
+    StoredFile,
+)
+from airflow_stateful.core.stores.verify import VerifiedFileWriter, copy_verified
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+MIB = 1024 * 1024
+MAX_PARTS = 10_000
+_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+_LOST_CONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_ACCESS = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "403"}
+
+
+def _client_error_code(exc: Exception) -> str | None:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+class S3ObjectStore(ObjectStore):
+    """Objects below ``s3://bucket/prefix``.
+
+    :param bucket: the bucket; it must exist.
+    :param prefix: key prefix inside the bucket (no leading or trailing ``/`` needed).
+    :param client: a ready boto3 S3 client; when omitted one is built from the arguments below and
+        boto3's standard credential chain.
+    :param endpoint_url: an S3-compatible endpoint (MinIO, moto, ...); ``None`` for AWS.
+    :param addressing_style: ``"path"`` or ``"virtual"``; default ``"path"`` with a custom endpoint.
+    :param part_size: multipart part size; also the threshold above which files go multipart.
+    :param max_concurrency: parts in flight at once, for uploads and downloads.
+    """
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        prefix: str = "",
+        client: S3Client | None = None,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        addressing_style: str | None = None,
+        part_size: int = 8 * MIB,
+        max_concurrency: int = 4,
+    ) -> None:
+        if part_size < 5 * MIB:
+            raise ValueError(f"part_size must be at least 5 MiB (S3's minimum), not {part_size}")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.part_size = part_size
+        self.max_concurrency = max_concurrency
+        self.endpoint_url = endpoint_url
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            style = addressing_style or ("path" if endpoint_url else "auto")
+            session = boto3.session.Session(
+                aws_access_key_id=aws_access_key_id,
+                aws_secret_access_key=aws_secret_access_key,
+                aws_session_token=aws_session_token,
+                region_name=region_name,
+            )
+            client = session.client(
+                "s3",
+                endpoint_url=endpoint_url,
+                config=Config(
+                    max_pool_connections=max(10, max_concurrency * 2),
+                    retries={"mode": "standard", "max_attempts": 5},
+                    s3=cast(Any, {"addressing_style": style}),
+                ),
+            )
+        self.client = client
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        # Never show credentials; the endpoint is not secret.
+        return f"S3ObjectStore(url={self.url!r}, endpoint_url={self.endpoint_url!r})"
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _key(self, key: str) -> str:
+        if not key or key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
+            raise ValueError(f"invalid object key {key!r}")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.max_concurrency, thread_name_prefix="stateful-s3"
+            )
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _translate(self, exc: Exception, key: str, *, conditional: bool = False) -> Exception:
+        """Map a botocore error to one of ours, with a message that says what to do and holds no secret."""
+        code = _client_error_code(exc)
+        where = f"{self.url} (object {key!r})"
+        if code in _LOST_CONDITION:
+            return PreconditionFailedError(f"conditional write to {where} lost: the object exists or changed")
+        if code in _NOT_FOUND:
+            if conditional:
+                return PreconditionFailedError(f"conditional write to {where} lost: the object is gone")
+            return ObjectNotFoundError(f"object {key!r} does not exist in {self.url}")
+        if code == "NoSuchBucket":
+            return StoreError(
+                f"bucket {self.bucket!r} does not exist at {self.endpoint_url or 'AWS'}; "
+                "create it or fix backend_url."
+            )
+        if code in _ACCESS:
+            return StoreError(
+                f"access to {where} was denied ({code}); check the credentials of the connection "
+                "or the AWS credential chain, and the bucket policy."
+            )
+        if code == "NotImplemented":
+            return StoreError(
+                f"the endpoint behind {self.url} does not support a request the commit protocol needs "
+                "(conditional writes: If-None-Match / If-Match); use an S3-compatible store that does."
+            )
+        if code is None:
+            name = type(exc).__name__
+            return StoreError(f"cannot reach {where}: {name}: {exc}")
+        return StoreError(f"S3 request on {where} failed: {code}: {exc}")
+
+    # -- interface -----------------------------------------------------------------------------------------
+    def get(self, key: str) -> Blob:
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            data = response["Body"].read()
+        except Exception as exc:
+            raise self._translate(exc, key) from exc
+        return Blob(data=data, etag=response["ETag"])
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+        if if_none_match and if_match is not None:
+            raise ValueError("if_none_match and if_match exclude each other")
+        kwargs: dict[str, Any] = {}
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        elif if_match is not None:
+            kwargs["IfMatch"] = if_match
+        try:
+            response = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **kwargs)
+        except Exception as exc:
+            raise self._translate(exc, key, conditional=bool(kwargs)) from exc
+        return str(response["ETag"])
+
+    def upload_file(self, key: str, path: Path, *, progress: ProgressCallback | None = None) -> StoredFile:
+        import hashlib
+
+        size = Path(path).stat().st_size
+        digest = hashlib.sha256()
+        if size <= self.part_size:
+            with open(path, "rb") as fh:
+                data = fh.read()
+            digest.update(data)
+            self.put(key, data, if_none_match=True)
+            if progress:
+                progress(len(data))
+            return StoredFile(key=key, size=len(data), sha256=digest.hexdigest())
+        return self._upload_multipart(key, Path(path), size, progress)
+
+    def _upload_multipart(
+        self, key: str, path: Path, size: int, progress: ProgressCallback | None
+    ) -> StoredFile:
+        import hashlib
+
+        full_key = self._key(key)
+        part_size = max(self.part_size, math.ceil(size / MAX_PARTS))
+        try:
+            upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=full_key)["UploadId"]
+        except Exception as exc:
+            raise self._translate(exc, key) from exc
+        digest = hashlib.sha256()
+        total = 0
+        parts: dict[int, str] = {}
+
+        def send(number: int, chunk: bytes) -> None:
+            response = self.client.upload_part(
+                Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumber=number, Body=chunk
+            )
+            parts[number] = response["ETag"]
+            if progress:
+                progress(len(chunk))
+
+        pending: deque[Future[None]] = deque()
+        try:
+            pool = self._executor()
+            with open(path, "rb") as fh:
+                number = 0
+                while chunk := fh.read(part_size):
+                    number += 1
+                    digest.update(chunk)
+                    total += len(chunk)
+                    pending.append(pool.submit(send, number, chunk))
+                    del chunk  # the future holds the only reference; memory stays bounded
+                    while len(pending) >= self.max_concurrency:
+                        pending.popleft().result()
+            while pending:
+                pending.popleft().result()
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=full_key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": parts[n]} for n in sorted(parts)]},
+                IfNoneMatch="*",
+            )
+        except BaseException as exc:
+            for future in pending:
+                future.cancel()
+            for future in pending:
+                if not future.cancelled():
+                    future.exception()
+            # The original error matters more than a failed abort; GC removes what is left.
+            with contextlib.suppress(Exception):
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
+            if isinstance(exc, Exception):
+                raise self._translate(exc, key, conditional=True) from exc
+            raise
+        return StoredFile(key=key, size=total, sha256=digest.hexdigest())
+
+    def download_file(
+        self,
+        key: str,
+        dest: Path,
+        *,
+        size: int,
+        sha256: str,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        full_key = self._key(key)
+        if size <= self.part_size:
+            try:
+                body = self.client.get_object(Bucket=self.bucket, Key=full_key)["Body"]
+            except Exception as exc:
+                raise self._translate(exc, key) from exc
+            copy_verified(body, dest, key=key, where=self.url, size=size, sha256=sha256, progress=progress)
+            return
+
+        def fetch(start: int, end: int) -> bytes:
+            try:
+                response = self.client.get_object(
+                    Bucket=self.bucket, Key=full_key, Range=f"bytes={start}-{end}"
+                )
+            except Exception as exc:
+                if _client_error_code(exc) == "InvalidRange":
+                    return b""  # shorter than recorded: the size check below names it corrupt
+                raise
+            data: bytes = response["Body"].read()
+            return data
+
+        ranges = [(start, min(start + self.part_size, size) - 1) for start in range(0, size, self.part_size)]
+        pending: deque[Future[bytes]] = deque()
+        pool = self._executor()
+        try:
+            with VerifiedFileWriter(
+                dest, key=key, where=self.url, size=size, sha256=sha256, progress=progress
+            ) as writer:
+                todo = iter(ranges)
+                for start, end in todo:
+                    pending.append(pool.submit(fetch, start, end))
+                    if len(pending) >= self.max_concurrency:
+                        break
+                while pending:
+                    writer.write(pending.popleft().result())
+                    nxt = next(todo, None)
+                    if nxt is not None:
+                        pending.append(pool.submit(fetch, *nxt))
+        except StatefulError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc, key) from exc
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
+                for obj in page.get("Contents", []):
+                    yield ObjectInfo(
+                        key=obj["Key"][strip:], size=obj["Size"], last_modified=obj["LastModified"]
+                    )
+        except Exception as exc:
+            raise self._translate(exc, prefix) from exc
+
+    def delete(self, key: str, *, if_match: str | None = None) -> None:
+        kwargs: dict[str, Any] = {"IfMatch": if_match} if if_match is not None else {}
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key), **kwargs)
+        except Exception as exc:
+            raise self._translate(exc, key, conditional=if_match is not None) from exc
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        batch: list[str] = []
+        for key in keys:
+            batch.append(self._key(key))
+            if len(batch) == 1000:
+                self._delete_batch(batch)
+                batch = []
+        if batch:
+            self._delete_batch(batch)
+
+    def _delete_batch(self, full_keys: list[str]) -> None:
+        try:
+            response = self.client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in full_keys], "Quiet": True}
+            )
+        except Exception as exc:
+            raise self._translate(exc, full_keys[0]) from exc
+        errors = [e for e in response.get("Errors", []) if e.get("Code") not in _NOT_FOUND]
+        if errors:
+            first = errors[0]
+            raise StoreError(
+                f"could not delete {len(errors)} object(s) from {self.url}, first {first.get('Key')!r}: "
+                f"{first.get('Code')}: {first.get('Message')}"
+            )
