@@ -62,6 +62,7 @@ log = logging.getLogger("airflow_stateful")
 DEFAULT_LEASE_TTL = 600.0
 DEFAULT_KEEP_LAST = 3
 _PROGRESS_MIN_BYTES = 64 * 1024 * 1024
+_DELETE_BATCH = 16
 
 
 def validate_value(value: Any) -> bytes:
@@ -105,6 +106,7 @@ class CheckpointStore:
         self.lease_ttl = float(lease_ttl)
         self.clock = clock
         self.heads = HeadStore(store=store, identity=identity, clock=clock)
+        self._pending_deletes: list[CheckpointEntry] = []
 
     def __repr__(self) -> str:
         return f"CheckpointStore(identity={self.identity.key!r}, store={self.store!r})"
@@ -140,7 +142,7 @@ class CheckpointStore:
             assert head.lease is not None
             return head.evolve(lease=self._extended(head))
 
-        head = self.heads.update(decide)
+        head = self.heads.update(decide, fresh=False)
         assert head.lease is not None
         return Lease(
             identity=lease.identity,
@@ -153,9 +155,13 @@ class CheckpointStore:
     def release(self, lease: Lease) -> bool:
         """Give the lease up (the epoch stays). Returns False, without error, if it was already taken over."""
         try:
-            self.heads.update(lambda h: check_holder(h, lease, action="release").evolve(lease=None))
+            self.heads.update(
+                lambda h: check_holder(h, lease, action="release").evolve(lease=None), fresh=False
+            )
         except FencedError:
             return False
+        finally:
+            self.flush_deletes()
         return True
 
     def break_lease(self) -> HeadRecord | None:
@@ -201,7 +207,10 @@ class CheckpointStore:
             validate_value(extra)
         local_files = collect_files(files)
 
-        head = check_holder(self.heads.load()[0], lease, action="commit to")
+        # Fail fast before uploading files: a fenced zombie must not push gigabytes first. A value-only
+        # commit trusts the head this process last saw (the CAS below re-checks it anyway).
+        known = self.heads.load()[0] if local_files else self.heads.cached()
+        head = check_holder(known, lease, action="commit to")
         seq = head.next_seq
         commit_id = uuid.uuid4().hex
         entries = self._upload(local_files, commit_id)
@@ -247,7 +256,7 @@ class CheckpointStore:
             dropped[:] = drop
             return current.evolve(next_seq=seq + 1, checkpoints=tuple(keep), lease=self._extended(current))
 
-        self.heads.update(decide)
+        self.heads.update(decide, fresh=False)
         log.info(
             "committed checkpoint %d of %s (%d file(s), %s, schema %d)",
             seq,
@@ -256,7 +265,9 @@ class CheckpointStore:
             human_bytes(manifest.total_size),
             schema_version,
         )
-        self._delete_entries(dropped)
+        self._pending_deletes.extend(dropped)
+        if any(e.file_count for e in dropped) or len(self._pending_deletes) >= _DELETE_BATCH:
+            self.flush_deletes()
         return manifest
 
     def _upload(self, local_files: list[LocalFile], commit_id: str) -> list[FileEntry]:
@@ -277,20 +288,30 @@ class CheckpointStore:
             progress.finish()
         return entries
 
-    def _delete_entries(self, entries: list[CheckpointEntry]) -> None:
-        """Remove the objects of checkpoints the head no longer lists. Failures only leave garbage for GC."""
-        for entry in entries:
-            try:
-                data_prefix = f"{self.identity.key}/{DATA_DIR}/{entry.commit_id}/"
-                self.store.delete_many([info.key for info in self.store.list_objects(data_prefix)])
-                self.store.delete(entry.manifest)
-            except Exception as exc:
-                log.warning(
-                    "could not delete old checkpoint %d of %s (%s); `airflow-stateful gc` will remove it",
-                    entry.seq,
-                    self.identity,
-                    exc,
-                )
+    def flush_deletes(self) -> None:
+        """Remove the objects of checkpoints the head no longer lists.
+
+        Value-only checkpoints are deleted in batches (one request per ``_DELETE_BATCH`` commits) so a
+        small commit costs two requests; checkpoints with files are deleted at once to free space. A
+        failure or a crash only leaves unreferenced garbage that :func:`collect_garbage` removes.
+        """
+        entries, self._pending_deletes = self._pending_deletes, []
+        if not entries:
+            return
+        try:
+            keys = [e.manifest for e in entries]
+            for entry in entries:
+                if entry.file_count:
+                    data_prefix = f"{self.identity.key}/{DATA_DIR}/{entry.commit_id}/"
+                    keys.extend(info.key for info in self.store.list_objects(data_prefix))
+            self.store.delete_many(keys)
+        except Exception as exc:
+            log.warning(
+                "could not delete %d old checkpoint(s) of %s (%s); `airflow-stateful gc` will remove them",
+                len(entries),
+                self.identity,
+                exc,
+            )
 
     # -- reads ---------------------------------------------------------------------------------------------
     def head(self) -> HeadRecord | None:

@@ -59,7 +59,8 @@ def collect_garbage(
         )
         return report
 
-    cutoff = datetime.fromtimestamp(now, tz=timezone.utc) - min_age
+    # Object ages are judged on the wall clock, the store's own time domain (last-modified stamps).
+    cutoff = datetime.now(tz=timezone.utc) - min_age
     manifests, commits = _referenced(head)
     candidates = []
     for info in store.list_objects(f"{identity.key}/"):

@@ -33,33 +33,55 @@ class HeadStore:
         self.identity = identity
         self.clock = clock
         self.key = f"{identity.key}/{HEAD_NAME}"
+        self._cached: tuple[HeadRecord, str] | None = None
 
     def load(self) -> tuple[HeadRecord | None, str | None]:
         """The current head and its ETag, or ``(None, None)`` when the identity has never been used."""
         try:
             blob = self.store.get(self.key)
         except ObjectNotFoundError:
+            self._cached = None
             return None, None
-        return HeadRecord.from_bytes(blob.data, key=self.key), blob.etag
+        head = HeadRecord.from_bytes(blob.data, key=self.key)
+        self._cached = (head, blob.etag)
+        return head, blob.etag
 
-    def update(self, decide: Callable[[HeadRecord | None], HeadRecord]) -> HeadRecord:
+    def cached(self) -> HeadRecord | None:
+        """The head as this process last read or wrote it (maybe stale), or a fresh read if there is none."""
+        if self._cached is None:
+            return self.load()[0]
+        return self._cached[0]
+
+    def update(self, decide: Callable[[HeadRecord | None], HeadRecord], *, fresh: bool = True) -> HeadRecord:
         """Apply ``decide`` to the current head and store the result atomically.
 
         ``decide`` may raise to abort (nothing is written). It is called again with the fresh head each
-        time another writer changed it first.
+        time another writer changed it first. With ``fresh=False`` the first attempt starts from the head
+        this process last saw, saving a request; that is safe because the write is conditional on the
+        ETag, so a stale guess only costs one failed attempt. Decisions that can *refuse* on old data
+        (taking a lease) must use ``fresh=True``.
         """
         for attempt in range(MAX_CAS_ATTEMPTS):
-            current, etag = self.load()
+            current: HeadRecord | None
+            etag: str | None
+            if attempt == 0 and not fresh and self._cached is not None:
+                current, etag = self._cached
+            else:
+                current, etag = self.load()
             new = decide(current).evolve(updated_at=utcnow_iso(self.clock()))
+            body = new.to_bytes()
             try:
                 if etag is None:
-                    self.store.put(self.key, new.to_bytes(), if_none_match=True)
+                    new_etag = self.store.put(self.key, body, if_none_match=True)
                 else:
-                    self.store.put(self.key, new.to_bytes(), if_match=etag)
+                    new_etag = self.store.put(self.key, body, if_match=etag)
             except PreconditionFailedError:
                 log.debug("head %s changed under us (attempt %d); re-reading", self.key, attempt + 1)
-                time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
+                self._cached = None
+                if attempt:
+                    time.sleep(random.uniform(0, 0.01 * attempt))
                 continue
+            self._cached = (new, new_etag)
             return new
         raise StoreError(
             f"head record {self.key!r} in {self.store.url} kept changing for {MAX_CAS_ATTEMPTS} attempts; "

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow_stateful.core.errors import (
+    CheckpointCorruptError,
     ObjectNotFoundError,
     PreconditionFailedError,
     StatefulError,
@@ -291,6 +292,12 @@ class S3ObjectStore(ObjectStore):
                 if _client_error_code(exc) == "InvalidRange":
                     return b""  # shorter than recorded: the size check below names it corrupt
                 raise
+            total = str(response.get("ContentRange", "")).rpartition("/")[2]
+            if total.isdigit() and int(total) != size:
+                raise CheckpointCorruptError(
+                    f"object {key!r} in {self.url} is corrupt: expected {size} bytes, the store holds "
+                    f"{total}. The bytes were not used."
+                )
             data: bytes = response["Body"].read()
             return data
 

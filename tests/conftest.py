@@ -1,0 +1,66 @@
+"""Shared fixtures: a real S3 endpoint, temporary stores, and one temporary AIRFLOW_HOME per session.
+
+Airflow reads its configuration when first imported, so the environment is set here, at import time,
+before any test module imports Airflow. All Airflow tests of a session share this AIRFLOW_HOME and its
+SQLite database (the first ``dag.test()`` in a process is slow; later ones are fast).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="stateful-airflow-home-"))
+os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/airflow.db"
+os.environ["AIRFLOW__STATEFUL__BACKEND_URL"] = (_AIRFLOW_HOME / "stateful").as_uri()
+os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
+
+from s3_endpoint import S3Endpoint, s3_endpoint_from_env  # noqa: E402
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[S3Endpoint]:
+    with s3_endpoint_from_env() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_prefix(s3_endpoint: S3Endpoint) -> Iterator[str]:
+    """A fresh key prefix per test; objects under it are removed afterwards on endpoints we do not own."""
+    prefix = s3_endpoint.new_prefix()
+    yield prefix
+    if s3_endpoint.kind != "moto":
+        store = s3_endpoint.store(prefix)
+        store.delete_many([info.key for info in store.list_objects("")])
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """The session's AIRFLOW_HOME with a migrated SQLite database."""
+    marker = _AIRFLOW_HOME / ".migrated"
+    if not marker.exists():
+        subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            env=os.environ.copy(),
+        )
+        marker.touch()
+    return _AIRFLOW_HOME

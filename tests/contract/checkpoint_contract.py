@@ -1,0 +1,399 @@
+"""The commit protocol's contract, run on every store: atomic visibility, checksums, fencing, leases,
+retention, and a crash injected at every step of a commit. Subclasses provide a ``store`` fixture."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, collect_garbage
+from airflow_stateful.core.errors import (
+    CheckpointCorruptError,
+    CheckpointNotFoundError,
+    FencedError,
+    FormatVersionError,
+    InvalidValueError,
+    LeaseHeldError,
+)
+from airflow_stateful.core.records import HEAD_NAME, canonical_json, sha256_hex
+from airflow_stateful.core.stores.base import ObjectStore
+from contract.faults import CrashingStore, FakeClock, SimulatedCrash
+
+IDENTITY = Identity.for_task(dag_id="etl", task_id="enrich", run_id="manual__2026-11-30T08:00:00+00:00")
+MIB = 1024 * 1024
+
+
+def make(store: ObjectStore, **kwargs: Any) -> CheckpointStore:
+    kwargs.setdefault("identity", IDENTITY)
+    return CheckpointStore(store=store, **kwargs)
+
+
+def tree(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def objects(store: ObjectStore, identity: Identity = IDENTITY) -> set[str]:
+    return {info.key for info in store.list_objects(f"{identity.key}/")}
+
+
+def referenced(cs: CheckpointStore) -> set[str]:
+    """Exactly the objects the head makes reachable: the head, each kept manifest, each kept file."""
+    keys = {f"{cs.identity.key}/{HEAD_NAME}"}
+    for entry in cs.history():
+        keys.add(entry.manifest)
+        keys.update(f.key for f in cs.get(entry.seq).files)
+    return keys
+
+
+class CheckpointStoreContract:
+    atomic_cas = True
+
+    # -- commit and read -----------------------------------------------------------------------------------
+    def test_nothing_committed_reads_as_none(self, store: ObjectStore) -> None:
+        cs = make(store)
+        assert cs.latest() is None
+        assert cs.history() == []
+
+    def test_commit_value_files_and_metadata_round_trip(self, store: ObjectStore, tmp_path: Path) -> None:
+        cs = make(store)
+        writer = WriterInfo.current(dag_id="etl", run_id="r1", try_number=2, dag_version_id="v-123")
+        lease = cs.acquire(holder=writer)
+        files = tree(tmp_path / "src", {"a.txt": b"alpha", "sub/b.bin": bytes(range(256)) * 10, "empty": b""})
+        committed = cs.commit(lease, {"next": 30, "rows": ["x", "y"]}, files=files, schema_version=2)
+
+        latest = make(store).latest()
+        assert latest is not None
+        assert latest.seq == committed.seq == 1
+        assert latest.value == {"next": 30, "rows": ["x", "y"]}
+        assert latest.schema_version == 2
+        assert latest.format == 1 and latest.library_version
+        assert (latest.writer.try_number, latest.writer.dag_version_id, latest.writer.host) == (
+            2,
+            "v-123",
+            writer.host,
+        )
+        assert {f.path: f.size for f in latest.files} == {"a.txt": 5, "empty": 0, "sub/b.bin": 2560}
+        assert all(
+            f.sha256 == hashlib.sha256((files / f.path).read_bytes()).hexdigest() for f in latest.files
+        )
+        restored = tmp_path / "restored"
+        make(store).restore_files(latest, restored)
+        assert read_tree(restored) == read_tree(files)
+
+    def test_single_file_checkpoint_restores_under_its_name(self, store: ObjectStore, tmp_path: Path) -> None:
+        cs = make(store)
+        lease = cs.acquire()
+        (tmp_path / "weights.bin").write_bytes(b"w" * 1000)
+        cs.commit(lease, {"epoch": 3}, files=tmp_path / "weights.bin")
+        out = tmp_path / "out"
+        latest = cs.latest()
+        assert latest is not None
+        cs.restore_files(latest, out)
+        assert (out / "weights.bin").read_bytes() == b"w" * 1000
+
+    def test_sequence_numbers_increase_and_history_is_newest_first(self, store: ObjectStore) -> None:
+        cs = make(store, keep_last=10)
+        lease = cs.acquire()
+        for i in range(4):
+            assert cs.commit(lease, {"i": i}).seq == i + 1
+        assert [e.seq for e in cs.history()] == [4, 3, 2, 1]
+        assert cs.get(2).value == {"i": 1}
+        with pytest.raises(CheckpointNotFoundError, match="no checkpoint 9"):
+            cs.get(9)
+
+    # -- bad input fails before anything is written ---------------------------------------------------------
+    @pytest.mark.parametrize(
+        ("value", "kwargs", "match"),
+        [
+            ({"x": {1, 2}}, {}, "not JSON-serializable"),
+            ({"x": float("nan")}, {}, "not JSON-serializable"),
+            ({"x": 1}, {"schema_version": 0}, "schema_version must be an integer >= 1, not 0"),
+            ({"x": 1}, {"files": "/definitely/not/here"}, "/definitely/not/here"),
+        ],
+    )
+    def test_bad_input_is_rejected_before_any_write(
+        self, store: ObjectStore, value: Any, kwargs: dict[str, Any], match: str
+    ) -> None:
+        cs = make(store)
+        lease = cs.acquire()
+        before = {i.key: i.size for i in store.list_objects("")}
+        with pytest.raises(InvalidValueError, match=match):
+            cs.commit(lease, value, **kwargs)
+        assert {i.key: i.size for i in store.list_objects("")} == before
+
+    # -- checksums -----------------------------------------------------------------------------------------
+    def test_corrupt_manifest_is_named_and_never_returned(self, store: ObjectStore) -> None:
+        cs = make(store)
+        lease = cs.acquire()
+        cs.commit(lease, {"balance": 100})
+        entry = cs.history()[0]
+        body = store.get(entry.manifest).data
+        store.put(entry.manifest, body.replace(b'"balance":100', b'"balance":999'))
+        with pytest.raises(CheckpointCorruptError, match=entry.manifest):
+            cs.latest()
+
+    def test_corrupt_file_is_named_and_destination_left_untouched(
+        self, store: ObjectStore, tmp_path: Path
+    ) -> None:
+        cs = make(store)
+        lease = cs.acquire()
+        cs.commit(lease, {}, files=tree(tmp_path / "src", {"a": b"good a", "b": b"good b"}))
+        manifest = cs.latest()
+        assert manifest is not None
+        victim = manifest.files[1]
+        store.put(victim.key, b"evil b")
+        dest = tree(tmp_path / "dest", {"a": b"previous a"})
+        with pytest.raises(CheckpointCorruptError, match=victim.key):
+            cs.restore_files(manifest, dest)
+        assert read_tree(dest) == {"a": b"previous a"}, "a failed restore must not change the destination"
+
+    def test_corrupt_head_is_detected(self, store: ObjectStore) -> None:
+        cs = make(store)
+        cs.commit(cs.acquire(), {"v": 1})
+        key = f"{IDENTITY.key}/{HEAD_NAME}"
+        store.put(key, store.get(key).data.replace(b'"next_seq":2', b'"next_seq":7'))
+        with pytest.raises(CheckpointCorruptError, match="checksum"):
+            cs.latest()
+
+    def test_newer_format_is_refused_not_guessed(self, store: ObjectStore) -> None:
+        key = f"{IDENTITY.key}/{HEAD_NAME}"
+        body = {
+            "format": 2,
+            "identity": IDENTITY.key,
+            "epoch": 1,
+            "next_seq": 1,
+            "lease": None,
+            "checkpoints": [],
+        }
+        body["checksum"] = sha256_hex(canonical_json(body))
+        store.put(key, canonical_json(body))
+        with pytest.raises(FormatVersionError, match="format 2"):
+            make(store).latest()
+
+    # -- leases and fencing --------------------------------------------------------------------------------
+    def test_stale_epoch_is_fenced_and_newer_state_survives(self, store: ObjectStore, tmp_path: Path) -> None:
+        zombie_cs, retry_cs = make(store), make(store)
+        zombie = zombie_cs.acquire(holder=WriterInfo(try_number=1))
+        zombie_cs.commit(zombie, {"next": 10})
+        retry = retry_cs.acquire(holder=WriterInfo(try_number=2), steal=True)
+        assert retry.epoch == zombie.epoch + 1
+        retry_cs.commit(retry, {"next": 20})
+        before = objects(store)
+        with pytest.raises(FencedError, match=r"epoch 1.*epoch 2.*try 2"):
+            zombie_cs.commit(zombie, {"next": 999}, files=tree(tmp_path / "z", {"f": b"zombie bytes"}))
+        latest = make(store).latest()
+        assert latest is not None and latest.value == {"next": 20} and latest.writer.try_number == 2
+        assert objects(store) == before, "a fenced writer fails before uploading anything"
+        assert zombie_cs.release(zombie) is False
+        with pytest.raises(FencedError):
+            zombie_cs.renew(zombie)
+
+    def test_writer_fenced_during_upload_makes_nothing_visible(
+        self, store: ObjectStore, tmp_path: Path
+    ) -> None:
+        """The retry takes the lease while the zombie is between uploading data and advancing the head."""
+        zombie_cs = make(store)
+        zombie = zombie_cs.acquire()
+        zombie_cs.commit(zombie, {"next": 10})
+        steal_once = threading.Event()
+        real_put = store.put
+
+        def put_and_get_fenced(key: str, data: bytes, **kw: Any) -> str:
+            if "~manifests/" in key and not steal_once.is_set():
+                steal_once.set()
+                make(store).acquire(steal=True)  # the retry starts right now
+            return real_put(key, data, **kw)
+
+        store.put = put_and_get_fenced  # type: ignore[method-assign]
+        try:
+            with pytest.raises(FencedError):
+                zombie_cs.commit(zombie, {"next": 999}, files=tree(tmp_path / "z", {"f": b"zombie"}))
+        finally:
+            del store.put
+        latest = make(store).latest()
+        assert latest is not None and latest.value == {"next": 10}
+
+    def test_live_lease_blocks_until_expiry_or_steal(self, store: ObjectStore) -> None:
+        clock = FakeClock()
+        first = make(store, clock=clock, lease_ttl=60)
+        held = first.acquire(holder=WriterInfo(pod="pod-a"))
+        with pytest.raises(LeaseHeldError, match="pod pod-a"):
+            make(store, clock=clock, lease_ttl=60).acquire()
+        clock.advance(30)
+        first.renew(held)  # renewal pushes expiry to now + 60
+        clock.advance(45)
+        with pytest.raises(LeaseHeldError):
+            make(store, clock=clock, lease_ttl=60).acquire()
+        clock.advance(16)
+        second = make(store, clock=clock, lease_ttl=60).acquire()
+        assert second.epoch == held.epoch + 1
+        with pytest.raises(FencedError):
+            first.commit(held, {"late": True})
+
+    def test_commit_renews_the_lease(self, store: ObjectStore) -> None:
+        clock = FakeClock()
+        cs = make(store, clock=clock, lease_ttl=60)
+        lease = cs.acquire()
+        for _ in range(3):
+            clock.advance(50)
+            cs.commit(lease, {"t": clock.now})
+        with pytest.raises(LeaseHeldError):
+            make(store, clock=clock, lease_ttl=60).acquire()
+
+    def test_release_keeps_epoch_and_break_fences(self, store: ObjectStore) -> None:
+        cs = make(store)
+        lease = cs.acquire()
+        assert cs.release(lease) is True
+        lease2 = cs.acquire()  # no steal needed after release
+        assert lease2.epoch == lease.epoch + 1
+        broken = make(store).break_lease()
+        assert broken is not None and broken.epoch == lease2.epoch + 1 and broken.lease is None
+        with pytest.raises(FencedError, match="broken"):
+            cs.commit(lease2, {"x": 1})
+
+    def test_concurrent_writers_never_interleave_stale_commits(self, store: ObjectStore) -> None:
+        """Writers keep stealing the lease from each other and committing; every visible commit is fenced right."""
+        if not self.atomic_cas:
+            pytest.skip(
+                "moto's server checks If-Match without a lock (FACTS.md); raced on local and real S3 only"
+            )
+        cs_keep = make(store, keep_last=1000)
+        outcomes: list[tuple[str, int]] = []
+        lock = threading.Lock()
+
+        def writer(name: str) -> None:
+            cs = make(store, keep_last=1000)
+            for i in range(6):
+                lease = cs.acquire(holder=WriterInfo(pod=name), steal=True)
+                try:
+                    cs.commit(lease, {"writer": name, "i": i, "epoch": lease.epoch})
+                    with lock:
+                        outcomes.append(("ok", lease.epoch))
+                except FencedError:
+                    with lock:
+                        outcomes.append(("fenced", lease.epoch))
+
+        threads = [threading.Thread(target=writer, args=(f"w{n}",)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        history = list(reversed(cs_keep.history()))
+        assert [e.seq for e in history] == list(range(1, len(history) + 1))
+        epochs = [e.epoch for e in history]
+        assert epochs == sorted(epochs), "a commit with an older epoch landed after a newer one"
+        assert len(set(epochs)) == len(epochs), (
+            "two commits share one epoch although each writer commits once"
+        )
+        assert sorted(epochs) == sorted(e for status, e in outcomes if status == "ok")
+
+    # -- retention -----------------------------------------------------------------------------------------
+    def test_keep_last_prunes_history_and_deletes_old_objects(
+        self, store: ObjectStore, tmp_path: Path
+    ) -> None:
+        cs = make(store, keep_last=2)
+        lease = cs.acquire()
+        for i in range(5):
+            cs.commit(lease, {"i": i}, files=tree(tmp_path / f"s{i}", {"f.bin": bytes([i]) * 100}))
+        assert [e.seq for e in cs.history()] == [5, 4]
+        assert objects(store) == referenced(cs), "pruned checkpoints must leave no objects behind"
+        with pytest.raises(CheckpointNotFoundError):
+            cs.get(3)
+
+    def test_value_only_checkpoints_are_pruned_by_release_at_the_latest(self, store: ObjectStore) -> None:
+        cs = make(store, keep_last=2)
+        lease = cs.acquire()
+        for i in range(40):
+            cs.commit(lease, {"i": i})
+        assert [e.seq for e in cs.history()] == [40, 39]
+        assert len(objects(store)) < 2 + 1 + 16, "old manifests are deleted in batches while committing"
+        cs.release(lease)
+        assert objects(store) == referenced(cs)
+
+    # -- crashes -------------------------------------------------------------------------------------------
+    @pytest.mark.parametrize("after", [False, True], ids=["before-call", "after-call"])
+    def test_crash_at_every_step_keeps_last_good_checkpoint(
+        self, store: ObjectStore, tmp_path: Path, after: bool
+    ) -> None:
+        """Kill the writer at each store call of a commit (before it is sent, or after it took effect)."""
+        clock = FakeClock()
+        src_old = tree(tmp_path / "old", {"w.bin": b"old weights" * 100, "cfg": b"old"})
+        src_new = tree(tmp_path / "new", {"w.bin": b"new weights" * 100, "cfg": b"new", "extra": b"x"})
+
+        def seeded(name: str) -> CheckpointStore:
+            identity = Identity.for_task(dag_id="crash", task_id=name, run_id=f"after-{after}")
+            cs = make(store, identity=identity, keep_last=1, clock=clock)
+            lease = cs.acquire()
+            cs.commit(lease, {"version": "old"}, files=src_old)
+            cs.release(lease)
+            return cs
+
+        # The store calls of one clean commit, retention of the previous checkpoint included.
+        counter = CrashingStore(store)
+        counting = make(counter, identity=seeded("probe").identity, keep_last=1, clock=clock)
+        lease = counting.acquire()
+        counter.calls.clear()
+        counting.commit(lease, {"version": "new"}, files=src_new)
+        steps = list(counter.calls)
+        assert steps.count("upload_file") == 3 and "put" in steps and "delete_many" in steps, steps
+
+        for crash_at, call in enumerate(steps):
+            where = f"crash {'after' if after else 'before'} {call} (step {crash_at})"
+            reader = seeded(f"step{crash_at}")
+            crashing = CrashingStore(store)
+            writer = make(crashing, identity=reader.identity, keep_last=1, clock=clock)
+            lease = writer.acquire()
+            crashing.crash_at, crashing.after = len(crashing.calls) + crash_at, after
+            with pytest.raises(SimulatedCrash):
+                writer.commit(lease, {"version": "new"}, files=src_new)
+
+            latest = reader.latest()
+            assert latest is not None, f"{where}: no checkpoint visible"
+            assert latest.value in ({"version": "old"}, {"version": "new"}), where
+            expected = src_new if latest.value == {"version": "new"} else src_old
+            restored = tmp_path / f"restored-{after}-{crash_at}"
+            reader.restore_files(latest, restored)
+            assert read_tree(restored) == read_tree(expected), f"{where}: files differ from the value's"
+
+            # The dead writer's lease expires; GC removes what it left behind, and only that.
+            clock.advance(reader.lease_ttl + 1)
+            report = collect_garbage(reader, min_age=timedelta(0))
+            assert report.skipped_reason is None, where
+            assert objects(store, reader.identity) == referenced(reader), where
+            # And the identity is fully usable again.
+            reader.commit(reader.acquire(), {"version": "after"})
+            assert reader.latest().value == {"version": "after"}  # type: ignore[union-attr]
+
+    def test_gc_never_touches_a_live_lease_and_keeps_young_objects(self, store: ObjectStore) -> None:
+        clock = FakeClock()
+        cs = make(store, clock=clock)
+        lease = cs.acquire()
+        cs.commit(lease, {"v": 1})
+        store.put(f"{IDENTITY.key}/~data/deadbeef/0", b"crash garbage")
+        live = collect_garbage(cs, min_age=timedelta(0))
+        assert live.skipped_reason and "live lease" in live.skipped_reason
+        assert f"{IDENTITY.key}/~data/deadbeef/0" in objects(store)
+        clock.advance(cs.lease_ttl + 1)
+        young = collect_garbage(cs, min_age=timedelta(days=1))  # real mtimes are seconds old
+        assert young.deleted == []
+        dry = collect_garbage(cs, min_age=timedelta(0), dry_run=True)
+        assert dry.deleted == [f"{IDENTITY.key}/~data/deadbeef/0"]
+        assert f"{IDENTITY.key}/~data/deadbeef/0" in objects(store)
+        real = collect_garbage(cs, min_age=timedelta(0))
+        assert real.deleted == dry.deleted
+        assert objects(store) == referenced(cs)
+        with pytest.raises(FencedError):
+            cs.commit(lease, {"v": 2})  # GC fenced the expired holder before deleting under it

@@ -1,0 +1,185 @@
+"""The contract every ObjectStore passes. Subclasses provide a ``store`` fixture (see test_local/test_s3)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from airflow_stateful.core.errors import CheckpointCorruptError, ObjectNotFoundError, PreconditionFailedError
+from airflow_stateful.core.stores.base import ObjectStore
+
+MIB = 1024 * 1024
+
+
+def write_random(path: Path, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "wb") as fh:
+        remaining = size
+        while remaining:
+            chunk = os.urandom(min(remaining, MIB))
+            digest.update(chunk)
+            fh.write(chunk)
+            remaining -= len(chunk)
+    return digest.hexdigest()
+
+
+class ObjectStoreContract:
+    #: whether concurrent compare-and-swap is truly atomic on this store (not on moto).
+    atomic_cas = True
+
+    def test_get_missing_raises_not_found(self, store: ObjectStore) -> None:
+        with pytest.raises(ObjectNotFoundError, match="nothing-here"):
+            store.get("a/nothing-here")
+
+    def test_put_get_round_trip_and_etag_changes(self, store: ObjectStore) -> None:
+        etag1 = store.put("a/b.json", b"one")
+        blob = store.get("a/b.json")
+        assert blob.data == b"one"
+        assert blob.etag == etag1
+        etag2 = store.put("a/b.json", b"two")
+        assert etag2 != etag1
+        assert store.get("a/b.json").data == b"two"
+
+    def test_create_if_absent_refuses_existing_and_keeps_it(self, store: ObjectStore) -> None:
+        store.put("k", b"first", if_none_match=True)
+        with pytest.raises(PreconditionFailedError):
+            store.put("k", b"second", if_none_match=True)
+        assert store.get("k").data == b"first"
+
+    def test_compare_and_swap(self, store: ObjectStore) -> None:
+        etag = store.put("head", b"v1", if_none_match=True)
+        new_etag = store.put("head", b"v2", if_match=etag)
+        with pytest.raises(PreconditionFailedError):
+            store.put("head", b"stale", if_match=etag)
+        assert store.get("head").data == b"v2"
+        assert store.get("head").etag == new_etag
+        with pytest.raises(PreconditionFailedError):
+            store.put("never-written", b"x", if_match=etag)
+        with pytest.raises(ObjectNotFoundError):
+            store.get("never-written")
+
+    def test_concurrent_cas_has_exactly_one_winner(self, store: ObjectStore) -> None:
+        if not self.atomic_cas:
+            pytest.skip(
+                "moto's server checks If-Match without a lock (FACTS.md); raced on local and real S3 only"
+            )
+        for round_ in range(5):
+            key = f"race/{round_}"
+            etag = store.put(key, b"start", if_none_match=True)
+            winners: list[int] = []
+            barrier = threading.Barrier(8)
+
+            def contend(
+                i: int,
+                key: str = key,
+                etag: str = etag,
+                winners: list[int] = winners,
+                barrier: threading.Barrier = barrier,
+            ) -> None:
+                barrier.wait()
+                try:
+                    store.put(key, f"writer {i}".encode(), if_match=etag)
+                    winners.append(i)
+                except PreconditionFailedError:
+                    pass
+
+            threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert len(winners) == 1, f"round {round_}: {len(winners)} writers won a CAS on one ETag"
+            assert store.get(key).data == f"writer {winners[0]}".encode()
+
+    def test_concurrent_create_has_exactly_one_winner(self, store: ObjectStore) -> None:
+        winners: list[int] = []
+        barrier = threading.Barrier(6)
+
+        def create(i: int) -> None:
+            barrier.wait()
+            try:
+                store.put("once", f"{i}".encode(), if_none_match=True)
+                winners.append(i)
+            except PreconditionFailedError:
+                pass
+
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(winners) == 1
+        assert store.get("once").data == str(winners[0]).encode()
+
+    def test_list_objects_is_sorted_and_prefix_filtered(self, store: ObjectStore) -> None:
+        for key in ["x/b", "x/a/2", "x/a/1", "xy/c", "z"]:
+            store.put(key, key.encode())
+        assert [i.key for i in store.list_objects("x/")] == ["x/a/1", "x/a/2", "x/b"]
+        assert [i.key for i in store.list_objects("x")] == ["x/a/1", "x/a/2", "x/b", "xy/c"]
+        sizes = {i.key: i.size for i in store.list_objects("")}
+        assert sizes["xy/c"] == 4
+        assert list(store.list_objects("nothing/")) == []
+
+    def test_delete_and_delete_many(self, store: ObjectStore) -> None:
+        for key in ["d/1", "d/2", "d/3"]:
+            store.put(key, b"x")
+        store.delete("d/1")
+        store.delete("d/1")  # missing is fine
+        store.delete_many(["d/2", "d/3", "d/never"])
+        assert list(store.list_objects("d/")) == []
+
+    def test_conditional_delete(self, store: ObjectStore) -> None:
+        etag = store.put("cd", b"1")
+        store.put("cd", b"2")
+        with pytest.raises(PreconditionFailedError):
+            store.delete("cd", if_match=etag)
+        assert store.get("cd").data == b"2"
+        store.delete("cd", if_match=store.get("cd").etag)
+        with pytest.raises(ObjectNotFoundError):
+            store.get("cd")
+
+    @pytest.mark.parametrize("size", [0, 1000, 12 * MIB + 123])
+    def test_file_round_trip_is_byte_identical(self, store: ObjectStore, tmp_path: Path, size: int) -> None:
+        src = tmp_path / "src.bin"
+        expected = write_random(src, size)
+        stored = store.upload_file("files/f", src)
+        assert (stored.size, stored.sha256) == (size, expected)
+        dest = tmp_path / "out" / "dest.bin"
+        store.download_file("files/f", dest, size=size, sha256=expected)
+        assert hashlib.sha256(dest.read_bytes()).hexdigest() == expected
+        assert [p.name for p in dest.parent.iterdir()] == ["dest.bin"], "no temporary files may be left"
+
+    def test_upload_file_is_create_if_absent(self, store: ObjectStore, tmp_path: Path) -> None:
+        src = tmp_path / "src.bin"
+        write_random(src, 100)
+        store.upload_file("files/once", src)
+        with pytest.raises(PreconditionFailedError):
+            store.upload_file("files/once", src)
+
+    @pytest.mark.parametrize("size", [2000, 12 * MIB + 5])
+    def test_download_of_corrupt_object_names_it_and_writes_nothing(
+        self, store: ObjectStore, tmp_path: Path, size: int
+    ) -> None:
+        src = tmp_path / "src.bin"
+        expected = write_random(src, size)
+        store.upload_file("files/c", src)
+        data = bytearray(src.read_bytes())
+        data[size // 2] ^= 0xFF  # one flipped bit-pattern in the middle
+        store.put("files/c", bytes(data))
+        dest = tmp_path / "out" / "dest.bin"
+        with pytest.raises(CheckpointCorruptError, match="files/c"):
+            store.download_file("files/c", dest, size=size, sha256=expected)
+        assert not dest.exists()
+        assert list(dest.parent.iterdir()) == [], "no partial file may be left"
+        # Truncated and extended objects are corrupt too.
+        store.put("files/c", bytes(data[: size - 10]))
+        with pytest.raises(CheckpointCorruptError, match="files/c"):
+            store.download_file("files/c", dest, size=size, sha256=expected)
+        store.put("files/c", src.read_bytes() + b"extra")
+        with pytest.raises(CheckpointCorruptError, match="files/c"):
+            store.download_file("files/c", dest, size=size, sha256=expected)
+        assert not dest.exists()
