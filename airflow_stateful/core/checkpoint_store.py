@@ -118,9 +118,16 @@ class CheckpointStore:
         :param steal: take it even from a live holder (an Airflow retry knows its earlier try is over).
         """
         holder = holder or WriterInfo.current()
+        token = uuid.uuid4().hex
         head = self.heads.update(
             lambda h: acquire_decision(
-                h, identity=self.identity, holder=holder, now=self.clock(), ttl=self.lease_ttl, steal=steal
+                h,
+                identity=self.identity,
+                holder=holder,
+                now=self.clock(),
+                ttl=self.lease_ttl,
+                steal=steal,
+                token=token,
             )
         )
         assert head.lease is not None
@@ -247,6 +254,8 @@ class CheckpointStore:
 
         def decide(current: HeadRecord | None) -> HeadRecord:
             current = check_holder(current, lease, action="commit to")
+            if any(e.commit_id == commit_id for e in current.checkpoints):
+                return current  # our write landed; its answer was lost and a retry saw 412
             if current.next_seq != seq:
                 raise ConcurrentCommitError(
                     f"identity {self.identity} advanced to seq {current.next_seq - 1} while this commit "

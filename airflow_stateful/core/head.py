@@ -55,8 +55,9 @@ class HeadStore:
     def update(self, decide: Callable[[HeadRecord | None], HeadRecord], *, fresh: bool = True) -> HeadRecord:
         """Apply ``decide`` to the current head and store the result atomically.
 
-        ``decide`` may raise to abort (nothing is written). It is called again with the fresh head each
-        time another writer changed it first. With ``fresh=False`` the first attempt starts from the head
+        ``decide`` may raise to abort (nothing is written), or return ``current`` itself to say the change is
+        already there (nothing is written). It is called again with the fresh head each time another writer
+        changed it first. With ``fresh=False`` the first attempt starts from the head
         this process last saw, saving a request; that is safe because the write is conditional on the
         ETag, so a stale guess only costs one failed attempt. Decisions that can *refuse* on old data
         (taking a lease) must use ``fresh=True``.
@@ -68,7 +69,12 @@ class HeadStore:
                 current, etag = self._cached
             else:
                 current, etag = self.load()
-            new = decide(current).evolve(updated_at=utcnow_iso(self.clock()))
+            decided = decide(current)
+            if current is not None and decided is current:
+                # Already applied: an earlier attempt's write landed but its answer was lost (a retried
+                # request then sees 412). ``decide`` recognised its own change in the head.
+                return current
+            new = decided.evolve(updated_at=utcnow_iso(self.clock()))
             body = new.to_bytes()
             try:
                 if etag is None:

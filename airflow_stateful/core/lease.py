@@ -31,9 +31,11 @@ class Lease:
     expires_at: str
 
 
-def new_lease_record(*, epoch: int, holder: WriterInfo, now: float, ttl: float) -> LeaseRecord:
+def new_lease_record(
+    *, epoch: int, holder: WriterInfo, now: float, ttl: float, token: str | None = None
+) -> LeaseRecord:
     return LeaseRecord(
-        token=uuid.uuid4().hex,
+        token=token or uuid.uuid4().hex,
         epoch=epoch,
         holder=holder,
         acquired_at=utcnow_iso(now),
@@ -72,8 +74,14 @@ def acquire_decision(
     now: float,
     ttl: float,
     steal: bool,
+    token: str,
 ) -> HeadRecord:
-    """The head after ``holder`` takes the lease, or LeaseHeldError if a live lease stands and ``steal`` is off."""
+    """The head after ``holder`` takes the lease, or LeaseHeldError if a live lease stands and ``steal`` is off.
+
+    ``token`` is chosen once per acquire, so a retried attempt recognises its own lease in the head.
+    """
+    if head is not None and head.lease is not None and head.lease.token == token:
+        return head
     base = head or HeadRecord(identity=identity.key)
     if base.lease is not None and not base.lease.expired(now) and not steal:
         lease = base.lease
@@ -83,7 +91,8 @@ def acquire_decision(
             f"`airflow-stateful unlock {identity}`."
         )
     epoch = base.epoch + 1
-    return base.evolve(epoch=epoch, lease=new_lease_record(epoch=epoch, holder=holder, now=now, ttl=ttl))
+    record = new_lease_record(epoch=epoch, holder=holder, now=now, ttl=ttl, token=token)
+    return base.evolve(epoch=epoch, lease=record)
 
 
 def seconds_left(lease: LeaseRecord, now: float) -> float:

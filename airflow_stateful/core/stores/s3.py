@@ -15,6 +15,7 @@ the arguments (an Airflow connection, resolved by the caller) or from boto3's st
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -188,12 +189,18 @@ class S3ObjectStore(ObjectStore):
         try:
             response = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **kwargs)
         except Exception as exc:
-            raise self._translate(exc, key, conditional=bool(kwargs)) from exc
+            error = self._translate(exc, key, conditional=bool(kwargs))
+            if if_none_match and isinstance(error, PreconditionFailedError):
+                # botocore retries a request whose answer was lost; if the first attempt created the object,
+                # the retry sees 412. Identical bytes mean the create is ours and succeeded.
+                with contextlib.suppress(StatefulError):
+                    existing = self.get(key)
+                    if existing.data == data:
+                        return existing.etag
+            raise error from exc
         return str(response["ETag"])
 
     def upload_file(self, key: str, path: Path, *, progress: ProgressCallback | None = None) -> StoredFile:
-        import hashlib
-
         size = Path(path).stat().st_size
         digest = hashlib.sha256()
         if size <= self.part_size:
@@ -209,8 +216,6 @@ class S3ObjectStore(ObjectStore):
     def _upload_multipart(
         self, key: str, path: Path, size: int, progress: ProgressCallback | None
     ) -> StoredFile:
-        import hashlib
-
         full_key = self._key(key)
         part_size = max(self.part_size, math.ceil(size / MAX_PARTS))
         try:
@@ -244,13 +249,7 @@ class S3ObjectStore(ObjectStore):
                         pending.popleft().result()
             while pending:
                 pending.popleft().result()
-            self.client.complete_multipart_upload(
-                Bucket=self.bucket,
-                Key=full_key,
-                UploadId=upload_id,
-                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": parts[n]} for n in sorted(parts)]},
-                IfNoneMatch="*",
-            )
+            self._complete(key, full_key, upload_id, parts)
         except BaseException as exc:
             for future in pending:
                 future.cancel()
@@ -264,6 +263,29 @@ class S3ObjectStore(ObjectStore):
                 raise self._translate(exc, key, conditional=True) from exc
             raise
         return StoredFile(key=key, size=total, sha256=digest.hexdigest())
+
+    def _complete(self, key: str, full_key: str, upload_id: str, parts: dict[int, str]) -> None:
+        try:
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=full_key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": parts[n]} for n in sorted(parts)]},
+                IfNoneMatch="*",
+            )
+        except Exception as exc:
+            if _client_error_code(exc) not in _LOST_CONDITION | {"NoSuchUpload"}:
+                raise
+            # A retried completion whose first attempt landed: the object's multipart ETag (MD5 of the
+            # parts' MD5s, "-N") proves it holds exactly our parts.
+            md5s = b"".join(bytes.fromhex(parts[n].strip('"')) for n in sorted(parts))
+            expected = f'"{hashlib.md5(md5s, usedforsecurity=False).hexdigest()}-{len(parts)}"'
+            try:
+                actual = self.client.head_object(Bucket=self.bucket, Key=full_key)["ETag"]
+            except Exception:
+                raise exc from None
+            if actual != expected:
+                raise
 
     def download_file(
         self,
