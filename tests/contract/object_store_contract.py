@@ -154,11 +154,15 @@ class ObjectStoreContract:
         assert [p.name for p in dest.parent.iterdir()] == ["dest.bin"], "no temporary files may be left"
 
     def test_upload_file_is_create_if_absent(self, store: ObjectStore, tmp_path: Path) -> None:
-        src = tmp_path / "src.bin"
-        write_random(src, 100)
+        src, other = tmp_path / "src.bin", tmp_path / "other.bin"
+        expected = write_random(src, 100)
+        write_random(other, 100)
         store.upload_file("files/once", src)
         with pytest.raises(PreconditionFailedError):
-            store.upload_file("files/once", src)
+            store.upload_file("files/once", other)
+        dest = tmp_path / "dest.bin"
+        store.download_file("files/once", dest, size=100, sha256=expected)
+        assert dest.read_bytes() == src.read_bytes()
 
     @pytest.mark.parametrize("size", [2000, 12 * MIB + 5])
     def test_download_of_corrupt_object_names_it_and_writes_nothing(

@@ -66,7 +66,8 @@ class ObjectStore(abc.ABC):
 
         ``if_none_match=True`` creates only if the key is absent; ``if_match`` replaces only if the
         current ETag equals it (a missing key also fails). A lost condition raises
-        PreconditionFailedError and leaves the object as it was.
+        PreconditionFailedError and leaves the object as it was. A store may accept a create whose key
+        already holds exactly the same bytes (a retried request whose first attempt landed).
         """
 
     @abc.abstractmethod
