@@ -146,13 +146,25 @@ class Identity:
             map_index = int(parts[3][4:])
         except ValueError:
             return None
-        return {
+        decoded: dict[str, str | int] = {
             "dag_id": unquote(parts[0]),
             "task_id": unquote(parts[1]),
             "scope_kind": kind,
             "scope": unquote(scope),
             "map_index": map_index,
         }
+        # Only the canonical key of a task decodes: "map=05" or "%3a" would otherwise alias another key.
+        scope_arg = {"run_id": unquote(scope)} if kind == RUN_SCOPE else {"name": unquote(scope)}
+        try:
+            canonical = Identity.for_task(
+                dag_id=str(decoded["dag_id"]),
+                task_id=str(decoded["task_id"]),
+                map_index=map_index,
+                **scope_arg,
+            )
+        except IdentityError:
+            return None
+        return decoded if canonical.key == self.key else None
 
     def __str__(self) -> str:
         return self.key

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -9,6 +10,7 @@ from airflow_stateful.core.errors import ConfigurationError
 from airflow_stateful.core.stores.base import ObjectStore
 
 SCHEMES = ("s3", "file")
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
 def store_from_url(url: str, **options: Any) -> ObjectStore:
@@ -34,15 +36,28 @@ def store_from_url(url: str, **options: Any) -> ObjectStore:
 
         return LocalObjectStore(root=path, **options)
     if parsed.scheme == "s3":
+        rest = url[len("s3://") :] if url.lower().startswith("s3://") else parsed.netloc + parsed.path
+        authority = rest.split("/", 1)[0]
+        if "@" in rest or ":" in authority:
+            # Never echo the URL: a secret key may sit anywhere in it (AWS secret keys contain '/').
+            bucket = rest.rpartition("@")[2].split("/", 1)[0] if "@" in rest else ""
+            named = f" for bucket {bucket!r}" if _BUCKET_RE.match(bucket) else ""
+            raise ConfigurationError(
+                f"backend_url{named} must not carry credentials (user:password@ or ':' in the bucket); put "
+                "them in the Airflow connection (conn_id) or the AWS credential chain. The URL is not "
+                "repeated here because it may hold a secret."
+            )
         if not parsed.netloc:
             raise ConfigurationError(f"backend_url {url!r} has no bucket; use s3://bucket/prefix")
-        if parsed.query or parsed.fragment or parsed.username or parsed.password:
+        if not _BUCKET_RE.match(parsed.netloc):
             raise ConfigurationError(
-                f"backend_url s3://{parsed.hostname}/... must not carry credentials, a query or a fragment; "
-                "put credentials in the Airflow connection (conn_id) or the AWS credential chain."
+                f"backend_url {url!r}: {parsed.netloc!r} is not a valid S3 bucket name (3-63 characters: "
+                "lower-case letters, digits, '.' and '-')."
             )
+        if parsed.query or parsed.fragment:
+            raise ConfigurationError(f"backend_url {url!r} must not carry a query or a fragment.")
         prefix = unquote(parsed.path).strip("/")
-        if any(part in (".", "..") for part in prefix.split("/")) or "//" in prefix:
+        if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
             raise ConfigurationError(f"backend_url {url!r} has an invalid prefix {prefix!r}")
         try:
             from airflow_stateful.core.stores.s3 import S3ObjectStore
