@@ -40,8 +40,8 @@ from airflow_stateful.core.stores.base import (
 )
 from airflow_stateful.core.stores.verify import copy_verified
 
-_INTERNAL_DIR = ".stateful"
-"""Holds temporary files and lock files; never listed. Lives inside the root so ``link``/``rename`` stay on one filesystem."""
+_INTERNAL_DIR = "~stateful"
+"""Temporary and lock files; never listed. Inside the root so ``link``/``rename`` stay on one filesystem; ``~`` cannot start an identity, so no identity can collide with it."""
 
 
 def _etag(data: bytes) -> str:
