@@ -25,11 +25,11 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	@home=$$(mktemp -d -t stateful-demo-XXXXXX); \
-	trap 'rm -rf "$$home"' EXIT; \
 	export AIRFLOW_HOME="$$home" AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_FOLDER="$(CURDIR)/dags"; \
 	echo "AIRFLOW_HOME=$$home (SQLite metadata DB, state in $$home/stateful)"; \
 	$(PY) -m airflow db migrate > "$$home/db-migrate.log" 2>&1 || { cat "$$home/db-migrate.log"; exit 1; }; \
-	$(PY) dags/resumable_batch.py
+	$(PY) dags/resumable_batch.py; \
+	echo "(the temporary AIRFLOW_HOME $$home is kept for inspection: rm -rf $$home)"
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
