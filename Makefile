@@ -28,8 +28,9 @@ demo: $(STAMP)
 	export AIRFLOW_HOME="$$home" AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_FOLDER="$(CURDIR)/dags"; \
 	echo "AIRFLOW_HOME=$$home (SQLite metadata DB, state in $$home/stateful)"; \
 	$(PY) -m airflow db migrate > "$$home/db-migrate.log" 2>&1 || { cat "$$home/db-migrate.log"; exit 1; }; \
-	$(PY) dags/resumable_batch.py; \
-	echo "(the temporary AIRFLOW_HOME $$home is kept for inspection: rm -rf $$home)"
+	$(PY) dags/resumable_batch.py; rc=$$?; \
+	echo "(the temporary AIRFLOW_HOME $$home is kept for inspection: rm -rf $$home)"; \
+	exit $$rc
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
