@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from airflow_stateful.core.codecs import JSON, encode_value
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
@@ -34,6 +35,7 @@ from airflow_stateful.core.errors import (
     FencedError,
     InvalidValueError,
     ObjectNotFoundError,
+    PreconditionFailedError,
 )
 from airflow_stateful.core.files import LocalFile, collect_files, safe_relative
 from airflow_stateful.core.head import HeadStore
@@ -49,7 +51,7 @@ from airflow_stateful.core.records import (
     LeaseRecord,
     Manifest,
     WriterInfo,
-    canonical_json,
+    data_commit_of,
     sha256_hex,
     utcnow_iso,
 )
@@ -63,17 +65,6 @@ DEFAULT_LEASE_TTL = 600.0
 DEFAULT_KEEP_LAST = 3
 _PROGRESS_MIN_BYTES = 64 * 1024 * 1024
 _DELETE_BATCH = 16
-
-
-def validate_value(value: Any) -> bytes:
-    """The value as canonical JSON, or InvalidValueError naming what is not JSON."""
-    try:
-        return canonical_json(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidValueError(
-            f"checkpoint value is not JSON-serializable: {exc}. Store plain dicts, lists, strings, numbers, "
-            "booleans and None (no NaN/Infinity); put binary data in files=."
-        ) from exc
 
 
 class CheckpointStore:
@@ -199,20 +190,30 @@ class CheckpointStore:
         schema_version: int = 1,
         writer: WriterInfo | None = None,
         extra: dict[str, Any] | None = None,
+        value_codec: str = JSON,
+        keep_files_from: Manifest | None = None,
     ) -> Manifest:
         """Make ``value`` (and the files below ``files``) the identity's newest checkpoint, atomically.
 
         Everything the caller passed is checked before the first byte is written. Raises FencedError if the
         lease was taken over; in that case nothing this writer uploaded becomes visible.
+
+        :param keep_files_from: with ``files=None``, the new checkpoint keeps this earlier checkpoint's
+            files (by reference, nothing is copied); retention keeps their data while any kept checkpoint
+            refers to it.
         """
         if lease.identity != self.identity:
             raise ValueError(f"lease is for {lease.identity}, not {self.identity}")
         if isinstance(schema_version, bool) or not isinstance(schema_version, int) or schema_version < 1:
             raise InvalidValueError(f"schema_version must be an integer >= 1, not {schema_version!r}")
-        validate_value(value)
+        stored_value = encode_value(value, value_codec)
         if extra is not None:
-            validate_value(extra)
+            encode_value(extra, JSON)
         local_files = collect_files(files)
+        if keep_files_from is not None and keep_files_from.identity != self.identity.key:
+            raise ValueError(
+                f"keep_files_from is a checkpoint of {keep_files_from.identity}, not {self.identity}"
+            )
 
         # Fail fast before uploading files: a fenced zombie must not push gigabytes first. A value-only
         # commit trusts the head this process last saw (the CAS below re-checks it anyway).
@@ -220,7 +221,10 @@ class CheckpointStore:
         head = check_holder(known, lease, action="commit to")
         seq = head.next_seq
         commit_id = uuid.uuid4().hex
-        entries = self._upload(local_files, commit_id)
+        if files is None and keep_files_from is not None:
+            entries = list(keep_files_from.files)
+        else:
+            entries = self._upload(local_files, commit_id)
 
         manifest = Manifest(
             identity=self.identity.key,
@@ -230,7 +234,8 @@ class CheckpointStore:
             schema_version=schema_version,
             created_at=utcnow_iso(self.clock()),
             writer=writer or lease.holder,
-            value=value,
+            value=stored_value,
+            value_codec=value_codec,
             files=tuple(entries),
             library_version=__version__,
             extra=dict(extra or {}),
@@ -249,8 +254,10 @@ class CheckpointStore:
             epoch=lease.epoch,
             total_size=manifest.total_size,
             file_count=len(entries),
+            data_refs=tuple(sorted({data_commit_of(f.key) for f in entries})),
         )
         dropped: list[CheckpointEntry] = []
+        kept: list[CheckpointEntry] = []
 
         def decide(current: HeadRecord | None) -> HeadRecord:
             current = check_holder(current, lease, action="commit to")
@@ -262,7 +269,7 @@ class CheckpointStore:
                     f"(seq {seq}) was in flight with the same lease; commit from one thread at a time."
                 )
             keep, drop = self.retention.split([*current.checkpoints, entry])
-            dropped[:] = drop
+            dropped[:], kept[:] = drop, keep
             return current.evolve(next_seq=seq + 1, checkpoints=tuple(keep), lease=self._extended(current))
 
         self.heads.update(decide, fresh=False)
@@ -275,8 +282,8 @@ class CheckpointStore:
             schema_version,
         )
         self._pending_deletes.extend(dropped)
-        if any(e.file_count for e in dropped) or len(self._pending_deletes) >= _DELETE_BATCH:
-            self.flush_deletes()
+        if any(e.data_refs for e in dropped) or len(self._pending_deletes) >= _DELETE_BATCH:
+            self.flush_deletes(kept)
         return manifest
 
     def _upload(self, local_files: list[LocalFile], commit_id: str) -> list[FileEntry]:
@@ -297,7 +304,7 @@ class CheckpointStore:
             progress.finish()
         return entries
 
-    def flush_deletes(self) -> None:
+    def flush_deletes(self, kept: list[CheckpointEntry] | None = None) -> None:
         """Remove the objects of checkpoints the head no longer lists.
 
         Value-only checkpoints are deleted in batches (one request per ``_DELETE_BATCH`` commits) so a
@@ -307,12 +314,16 @@ class CheckpointStore:
         entries, self._pending_deletes = self._pending_deletes, []
         if not entries:
             return
+        if kept is None:
+            head = self.heads.cached()
+            kept = list(head.checkpoints) if head else []
+        protected = {ref for e in kept for ref in e.data_refs}
         try:
             keys = [e.manifest for e in entries]
-            for entry in entries:
-                if entry.file_count:
-                    data_prefix = f"{self.identity.key}/{DATA_DIR}/{entry.commit_id}/"
-                    keys.extend(info.key for info in self.store.list_objects(data_prefix))
+            for ref in sorted({ref for e in entries for ref in e.data_refs} - protected):
+                keys.extend(
+                    info.key for info in self.store.list_objects(f"{self.identity.key}/{DATA_DIR}/{ref}/")
+                )
             self.store.delete_many(keys)
         except Exception as exc:
             log.warning(
@@ -321,6 +332,36 @@ class CheckpointStore:
                 self.identity,
                 exc,
             )
+
+    def purge(self, lease: Lease) -> int:
+        """Delete the identity's state entirely (``on_success="delete"``), fenced like a commit.
+
+        The head goes first, by a conditional delete, so the state disappears atomically for readers; the
+        manifests and data follow. A crash in between only leaves unreferenced objects for GC. Returns the
+        number of objects deleted.
+        """
+        for _ in range(10):
+            head, etag = self.heads.load()
+            check_holder(head, lease, action="delete the state of")
+            assert etag is not None
+            try:
+                self.store.delete(self.heads.key, if_match=etag)
+            except PreconditionFailedError:
+                continue  # the head changed (a renewal?): decide again on the fresh one
+            break
+        else:
+            raise ConcurrentCommitError(
+                f"the head of {self.identity} kept changing while it was being deleted"
+            )
+        self._pending_deletes = []
+        keys = [
+            info.key
+            for folder in (MANIFEST_DIR, DATA_DIR)
+            for info in self.store.list_objects(f"{self.identity.key}/{folder}/")
+        ]
+        self.store.delete_many(keys)
+        log.info("deleted the state of %s (%d objects)", self.identity, len(keys) + 1)
+        return len(keys) + 1
 
     # -- reads ---------------------------------------------------------------------------------------------
     def head(self) -> HeadRecord | None:

@@ -58,3 +58,15 @@ class CheckpointNotFoundError(StatefulError, LookupError):
 
 class FormatVersionError(StatefulError):
     """A record was written by a newer, incompatible version of this library."""
+
+
+class IncompatibleStateError(StatefulError):
+    """A checkpoint's schema_version cannot be brought to the task's (newer than the code, or no migration)."""
+
+
+class MigrationError(StatefulError):
+    """A migration function failed or returned nothing."""
+
+
+class StopRequested(StatefulError):
+    """The try was asked to stop (SIGTERM / ``on_kill``); its progress was committed first."""

@@ -38,7 +38,7 @@ class GarbageReport:
 def _referenced(head: HeadRecord | None) -> tuple[set[str], set[str]]:
     if head is None:
         return set(), set()
-    return {e.manifest for e in head.checkpoints}, {e.commit_id for e in head.checkpoints}
+    return {e.manifest for e in head.checkpoints}, {ref for e in head.checkpoints for ref in e.data_refs}
 
 
 def collect_garbage(

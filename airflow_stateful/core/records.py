@@ -28,6 +28,11 @@ DATA_DIR = "~data"
 # `~` cannot occur in an identity segment, so these names can never collide with a nested identity.
 
 
+def data_commit_of(key: str) -> str:
+    """The commit id in a data object key ``<identity>/~data/<commit_id>/<n>``."""
+    return key.split(f"/{DATA_DIR}/", 1)[1].split("/", 1)[0]
+
+
 def utcnow_iso(ts: float) -> str:
     """An epoch timestamp as an ISO 8601 UTC string with microseconds."""
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="microseconds")
@@ -155,13 +160,20 @@ class CheckpointEntry:
     epoch: int
     total_size: int
     file_count: int
+    #: commit ids whose ``~data/<commit_id>/`` objects this checkpoint's files live in. A checkpoint that
+    #: keeps the previous checkpoint's files refers to that commit's data instead of copying it.
+    data_refs: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        body = asdict(self)
+        body["data_refs"] = list(self.data_refs)
+        return body
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CheckpointEntry:
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        body = {f.name: data[f.name] for f in fields(cls) if f.name != "data_refs"}
+        refs = data.get("data_refs", [data["commit_id"]] if data["file_count"] else [])
+        return cls(**body, data_refs=tuple(refs))
 
 
 @dataclass(frozen=True)

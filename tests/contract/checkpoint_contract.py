@@ -313,6 +313,29 @@ class CheckpointStoreContract:
         with pytest.raises(CheckpointNotFoundError):
             cs.get(3)
 
+    def test_kept_files_survive_retention_while_a_checkpoint_refers_to_them(
+        self, store: ObjectStore, tmp_path: Path
+    ) -> None:
+        cs = make(store, keep_last=2)
+        lease = cs.acquire()
+        weights = tree(tmp_path / "w1", {"weights.bin": b"w1" * 5000, "opt/state": b"adam"})
+        manifest = first = cs.commit(lease, {"epoch": 1}, files=weights)
+        for step in range(5):  # progress checkpoints that keep the epoch's files by reference
+            manifest = cs.commit(lease, {"epoch": 1, "step": step}, keep_files_from=manifest)
+        latest = make(store).latest()
+        assert latest is not None and latest.value == {"epoch": 1, "step": 4}
+        assert [f.key for f in latest.files] == [f.key for f in first.files], "files are referenced, not copied"
+        out = tmp_path / "out1"
+        cs.restore_files(latest, out)
+        assert read_tree(out) == read_tree(weights)
+        assert objects(store) >= {f.key for f in first.files}, "retention must not delete referenced data"
+
+        cs.commit(lease, {"epoch": 2}, files=tree(tmp_path / "w2", {"weights.bin": b"w2" * 5000}))
+        cs.commit(lease, {"epoch": 3}, files=tree(tmp_path / "w3", {"weights.bin": b"w3" * 5000}))
+        cs.release(lease)
+        assert objects(store) == referenced(cs), "data no kept checkpoint refers to is deleted"
+        assert not objects(store) & {f.key for f in first.files}
+
     def test_value_only_checkpoints_are_pruned_by_release_at_the_latest(self, store: ObjectStore) -> None:
         cs = make(store, keep_last=2)
         lease = cs.acquire()
