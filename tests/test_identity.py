@@ -308,7 +308,7 @@ def test_file_url_opens_a_local_store(tmp_path: Path) -> None:
     store = store_from_url(root.as_uri())
     assert isinstance(store, LocalObjectStore)
     assert store.root == root
-    assert (root / ".stateful").is_dir()
+    assert (root / "~stateful").is_dir()
     assert isinstance(store_from_url(f"file://localhost{root}"), LocalObjectStore)
 
 
