@@ -13,11 +13,19 @@ from typing import Any
 from airflow_stateful.version import __version__
 
 _LAZY = {
+    "stateful_task": "airflow_stateful.decorators.stateful",
+    "StatefulPythonOperator": "airflow_stateful.operators.python",
+    "StatefulOperator": "airflow_stateful.operators.stateful",
+    "TaskState": "airflow_stateful.task_state",
+    "CheckpointInfo": "airflow_stateful.task_state",
     "StateHook": "airflow_stateful.hooks.state",
     "StatefulError": "airflow_stateful.core.errors",
     "FencedError": "airflow_stateful.core.errors",
     "CheckpointCorruptError": "airflow_stateful.core.errors",
     "IdentityError": "airflow_stateful.core.errors",
+    "IncompatibleStateError": "airflow_stateful.core.errors",
+    "MigrationError": "airflow_stateful.core.errors",
+    "InvalidValueError": "airflow_stateful.core.errors",
     "Identity": "airflow_stateful.core.identity",
     "CheckpointStore": "airflow_stateful.core.checkpoint_store",
 }

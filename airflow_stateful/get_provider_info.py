@@ -21,6 +21,9 @@ def get_provider_info() -> dict[str, Any]:
         "description": "Durable identity, fenced S3 checkpoints and upgrade-safe resume for Airflow tasks.",
         "versions": [__version__],
         "connection-types": [],
+        "task-decorators": [
+            {"name": "stateful", "class-name": "airflow_stateful.decorators.stateful.stateful_task"},
+        ],
         "config": {
             "stateful": {
                 "description": "Where airflow-provider-stateful keeps checkpoints, and how.",

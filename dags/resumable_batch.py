@@ -1,7 +1,7 @@
 """Resumable batch: a task that dies part-way resumes from its last checkpoint on retry.
 
-The task handles 100 items and checkpoints every 10. On its first try it "loses its spot instance" after
-item 37; the retry loads checkpoint ``next=30`` and handles only items 30..99 instead of starting over.
+A ``@stateful_task`` handles 100 items and checkpoints every 10. On its first try it "loses its spot instance" after
+item 37; the retry resumes from the checkpoint written after item 30 and handles only items 30..99.
 Every handled item is appended to a ledger file, so the work each try really did can be counted.
 
 Run it alone (``make demo`` does this on SQLite and a local state directory)::
@@ -16,8 +16,9 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import dag, get_current_context, task
+from airflow.sdk import dag, get_current_context
 
+from airflow_stateful import TaskState, stateful_task
 from airflow_stateful.hooks.state import StateHook
 
 log = logging.getLogger(__name__)
@@ -48,40 +49,19 @@ def handle(item: int, try_number: int) -> int:
     tags=["stateful", "example"],
 )
 def resumable_batch() -> None:
-    @task(retries=2, retry_delay=timedelta(seconds=0))
-    def crunch() -> dict[str, int]:
-        context = get_current_context()
-        try_number = context["ti"].try_number
-        hook = StateHook()
-        checkpoints = hook.checkpoint_store(StateHook.identity_for(context))
-        # A retry knows its earlier try is over: take the lease from it, fencing it if it still runs.
-        lease = checkpoints.acquire(holder=StateHook.writer_for(context), steal=True)
-        try:
-            last = checkpoints.latest()
-            state = dict(last.value) if last else {"next": 0, "total": 0}
-            if last:
-                log.info(
-                    "resuming from checkpoint %d (written by try %s at %s): skipping %d finished items",
-                    last.seq,
-                    last.writer.try_number,
-                    last.created_at,
-                    state["next"],
-                )
-            else:
-                log.info("no checkpoint yet: starting from item 0")
-            for item in range(state["next"], ITEMS):
-                if try_number == 1 and item == FAIL_AFTER_ITEM:
-                    raise RuntimeError(f"simulated spot-instance loss at item {item} on try {try_number}")
-                state["total"] += handle(item, try_number)
-                state["next"] = item + 1
-                if state["next"] % CHECKPOINT_EVERY == 0:
-                    checkpoints.commit(lease, state)
-            checkpoints.commit(lease, state)
-            log.info("done: %d items, total %d", ITEMS, state["total"])
-            return state
-        finally:
-            checkpoints.release(lease)
+    # [START resumable_batch]
+    @stateful_task(retries=2, retry_delay=timedelta(seconds=0), checkpoint_every=CHECKPOINT_EVERY)
+    def crunch(state: TaskState) -> dict[str, int]:
+        try_number = get_current_context()["ti"].try_number
+        state.value = state.value or {"total": 0}
+        for item in state.resume(range(ITEMS)):  # skips the items earlier tries finished
+            if try_number == 1 and item == FAIL_AFTER_ITEM:
+                raise RuntimeError(f"simulated spot-instance loss at item {item} on try {try_number}")
+            state.value = {"total": state.value["total"] + handle(item, try_number)}
+        log.info("done: %d items, total %d", ITEMS, state.value["total"])
+        return state.value
 
+    # [END resumable_batch]
     crunch()
 
 
@@ -110,7 +90,7 @@ def _demo() -> None:
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
     story = re.compile(
-        r"RuntimeError: simulated|took the lease|resuming from|no checkpoint yet|committed checkpoint|done:"
+        r"RuntimeError: simulated|took the lease|resuming from|skipping|starting fresh|committed checkpoint|done:"
     )
     identity = StateHook.identity_for({"ti": run.get_task_instances()[0], "dag_run": run}).key
     print(f"Task log, abridged (identity {identity}; full log: {log_file}):")

@@ -1,0 +1,205 @@
+"""TaskState: what a stateful task's code touches — the last value, saving, file checkpoints, resuming loops.
+
+A TaskState is handed to the task by :class:`~airflow_stateful.operators.stateful.StatefulOperator` after it
+has taken the identity's lease (fencing every earlier try), loaded and verified the latest checkpoint and
+migrated it to the task's schema. It imports no Airflow: the operator turns its signals into Airflow's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from itertools import islice
+from pathlib import Path
+from typing import Any, TypeVar
+
+from airflow_stateful.core.checkpoint_store import CheckpointStore
+from airflow_stateful.core.codecs import JSON, encode_value
+from airflow_stateful.core.errors import InvalidValueError, StopRequested
+from airflow_stateful.core.lease import Lease
+from airflow_stateful.core.records import CheckpointEntry, Manifest, WriterInfo
+
+log = logging.getLogger("airflow_stateful")
+
+T = TypeVar("T")
+_CURSORS = "cursors"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """Where the state came from: which checkpoint, written by which try, when, with which schema."""
+
+    seq: int
+    try_number: int | None
+    created_at: str
+    schema_version: int
+    dag_version_id: str | None
+    writer: WriterInfo
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> CheckpointInfo:
+        return cls(
+            seq=manifest.seq,
+            try_number=manifest.writer.try_number,
+            created_at=manifest.created_at,
+            schema_version=manifest.schema_version,
+            dag_version_id=manifest.writer.dag_version_id,
+            writer=manifest.writer,
+        )
+
+
+class TaskState:
+    """The state of one stateful task instance, shared by all its tries.
+
+    :param checkpoints: the identity's checkpoint store.
+    :param lease: the lease this try holds; every save presents it, so a zombie try is fenced.
+    :param writer: who this try is (recorded in every checkpoint).
+    :param schema_version: the version of the value this code writes.
+    :param start: the checkpoint to start from (already verified and migrated), or ``None``.
+    :param value: that checkpoint's value, decoded and migrated.
+    :param checkpoint_every: default for :meth:`resume`: commit after this many finished items.
+    :param checkpoint_interval: default for :meth:`resume`: commit at least this often.
+    """
+
+    def __init__(
+        self,
+        *,
+        checkpoints: CheckpointStore,
+        lease: Lease,
+        writer: WriterInfo,
+        schema_version: int = 1,
+        value_codec: str = JSON,
+        start: Manifest | None = None,
+        value: Any = None,
+        checkpoint_every: int | None = None,
+        checkpoint_interval: timedelta | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._checkpoints = checkpoints
+        self._lease = lease
+        self._writer = writer
+        self._schema_version = schema_version
+        self._codec = value_codec
+        self._latest = start
+        self._value = value
+        self._resumed = start is not None
+        self._cursors: dict[str, int] = dict((start.extra.get(_CURSORS) if start else None) or {})
+        self._every = checkpoint_every
+        self._interval = checkpoint_interval
+        self._clock = clock
+        self._stop = threading.Event()
+
+    # -- reading -------------------------------------------------------------------------------------------
+    @property
+    def value(self) -> Any:
+        """The last committed value (or what this try set since); ``None`` when nothing was ever saved."""
+        return self._value
+
+    @value.setter
+    def value(self, new: Any) -> None:
+        """Set the value the next checkpoint commits (the next :meth:`resume` step or :meth:`save`)."""
+        encode_value(new, self._codec)  # fail now, naming the problem, not at the next checkpoint
+        self._value = new
+
+    @property
+    def resumed(self) -> bool:
+        """True when this try started from a checkpoint written earlier (by an earlier try or run)."""
+        return self._resumed
+
+    @property
+    def checkpoint(self) -> CheckpointInfo | None:
+        """The newest checkpoint this state knows: the one it started from, or the last one it saved."""
+        return CheckpointInfo.of(self._latest) if self._latest else None
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once Airflow asked this try to stop; the next :meth:`resume` step or :meth:`save` ends it."""
+        return self._stop.is_set()
+
+    def request_stop(self) -> None:
+        """Ask the running code to stop at its next checkpoint (called from ``on_kill``; thread-safe)."""
+        self._stop.set()
+
+    def history(self) -> list[CheckpointEntry]:
+        """The kept checkpoints of this identity, newest first."""
+        return self._checkpoints.history()
+
+    # -- writing -------------------------------------------------------------------------------------------
+    def save(self, value: Any, files: str | Path | None = None) -> CheckpointInfo:
+        """Commit ``value`` (and, atomically with it, the file or directory ``files``) as a checkpoint.
+
+        With ``files=None`` the checkpoint keeps the files of the previous one. If a stop was requested,
+        the checkpoint is committed and then StopRequested ends the try.
+        """
+        self._value = value
+        info = self._commit(files=files)
+        if self.stop_requested:
+            raise StopRequested(f"stop requested; progress saved in checkpoint {info.seq}")
+        return info
+
+    def _commit(self, *, files: str | Path | None = None) -> CheckpointInfo:
+        self._latest = self._checkpoints.commit(
+            self._lease,
+            self._value,
+            files=files,
+            schema_version=self._schema_version,
+            writer=self._writer,
+            extra={_CURSORS: dict(self._cursors)} if self._cursors else None,
+            value_codec=self._codec,
+            keep_files_from=self._latest if files is None else None,
+        )
+        return CheckpointInfo.of(self._latest)
+
+    def restore_files(self, dest: str | Path) -> list[Path]:
+        """Restore the files of the newest checkpoint into directory ``dest``, verified; ``[]`` if none."""
+        if self._latest is None or not self._latest.files:
+            return []
+        return self._checkpoints.restore_files(self._latest, dest)
+
+    def resume(
+        self,
+        iterable: Iterable[T],
+        *,
+        key: str = "items",
+        every: int | None = None,
+        interval: timedelta | None = None,
+    ) -> Iterator[T]:
+        """Iterate over ``iterable``, skipping the items earlier tries finished, checkpointing as it goes.
+
+        An item counts as finished when the loop body returns and the next item is asked for. A checkpoint
+        (the current :attr:`value` plus the position) is committed after every ``every`` finished items, at
+        least every ``interval``, and at the end. The iterable must yield the same items in the same order
+        on every try. ``key`` names the cursor when a task has more than one resumable loop.
+        """
+        every = every if every is not None else self._every
+        interval = interval if interval is not None else self._interval
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise InvalidValueError(f"checkpoint_every must be a positive integer, not {every!r}")
+        if not isinstance(key, str) or not key:
+            raise InvalidValueError(f"resume key must be a non-empty string, not {key!r}")
+        start = self._cursors.get(key, 0)
+        if start:
+            log.info("skipping %d finished items (cursor %r)", start, key)
+        position = start
+        since = self._clock()
+        for item in islice(iterable, start, None):
+            if self.stop_requested:
+                self._cursors[key] = position
+                info = self._commit()
+                raise StopRequested(
+                    f"stop requested after {position} items; progress saved in checkpoint {info.seq}"
+                )
+            yield item
+            position += 1
+            self._cursors[key] = position
+            due_items = every is not None and position % every == 0
+            due_time = interval is not None and self._clock() - since >= interval.total_seconds()
+            if due_items or due_time:
+                self._commit()
+                since = self._clock()
+        self._cursors[key] = position
+        self._commit()
