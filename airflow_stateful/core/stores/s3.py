@@ -219,18 +219,27 @@ class S3ObjectStore(ObjectStore):
         full_key = self._key(key)
         part_size = max(self.part_size, math.ceil(size / MAX_PARTS))
         try:
-            upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=full_key)["UploadId"]
+            # Declaring CRC32 (as s3transfer does) lets the server verify each part and, on moto, spares a
+            # full re-read of the object at completion; see docs/performance.md.
+            upload_id = self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=full_key, ChecksumAlgorithm="CRC32"
+            )["UploadId"]
         except Exception as exc:
             raise self._translate(exc, key) from exc
         digest = hashlib.sha256()
         total = 0
-        parts: dict[int, str] = {}
+        parts: dict[int, dict[str, str]] = {}
 
         def send(number: int, chunk: bytes) -> None:
             response = self.client.upload_part(
-                Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumber=number, Body=chunk
+                Bucket=self.bucket,
+                Key=full_key,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=chunk,
+                ChecksumAlgorithm="CRC32",
             )
-            parts[number] = response["ETag"]
+            parts[number] = {"ETag": response["ETag"], "ChecksumCRC32": response.get("ChecksumCRC32", "")}
             if progress:
                 progress(len(chunk))
 
@@ -264,13 +273,21 @@ class S3ObjectStore(ObjectStore):
             raise
         return StoredFile(key=key, size=total, sha256=digest.hexdigest())
 
-    def _complete(self, key: str, full_key: str, upload_id: str, parts: dict[int, str]) -> None:
+    def _complete(self, key: str, full_key: str, upload_id: str, parts: dict[int, dict[str, str]]) -> None:
         try:
             self.client.complete_multipart_upload(
                 Bucket=self.bucket,
                 Key=full_key,
                 UploadId=upload_id,
-                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": parts[n]} for n in sorted(parts)]},
+                MultipartUpload=cast(
+                    Any,
+                    {
+                        "Parts": [
+                            {"PartNumber": n, **{k: v for k, v in parts[n].items() if v}}
+                            for n in sorted(parts)
+                        ]
+                    },
+                ),
                 IfNoneMatch="*",
             )
         except Exception as exc:
@@ -278,7 +295,7 @@ class S3ObjectStore(ObjectStore):
                 raise
             # A retried completion whose first attempt landed: the object's multipart ETag (MD5 of the
             # parts' MD5s, "-N") proves it holds exactly our parts.
-            md5s = b"".join(bytes.fromhex(parts[n].strip('"')) for n in sorted(parts))
+            md5s = b"".join(bytes.fromhex(parts[n]["ETag"].strip('"')) for n in sorted(parts))
             expected = f'"{hashlib.md5(md5s, usedforsecurity=False).hexdigest()}-{len(parts)}"'
             try:
                 actual = self.client.head_object(Bucket=self.bucket, Key=full_key)["ETag"]

@@ -1,0 +1,604 @@
+"""Benchmark the S3 checkpoint store against plain boto3 on the same S3 endpoint.
+
+Run it with ``.venv/bin/python benchmarks/bench_store.py`` (``--help`` for options). It starts moto's S3
+server on 127.0.0.1 in a subprocess (:class:`~airflow_stateful.testing.s3_server.MotoServer`), creates a
+bucket, and measures three cases, each against the plain-boto3 operation a user would otherwise write:
+
+1. **large commit**: ``CheckpointStore.commit(lease, value, files=<one N MiB file>)`` vs ``upload_file``;
+2. **large restore**: ``CheckpointStore.latest()`` + ``restore_files()`` vs ``download_file`` of the very
+   same object;
+3. **small commit**: a value-only commit of ~1 KB of JSON by a lease holder that commits repeatedly (steady
+   state: head record cached, old checkpoints deleted in batches) vs one ``put_object`` of ~1 KB.
+
+Why ratios, and why interleaved: the absolute numbers say more about moto than about this library. moto is
+a single Python process that shares the machine's cores (two, on CI) with the benchmark, so its speed
+(roughly 80-100 MiB/s up and 40 MiB/s down on such a machine) and the machine's noise dominate every
+absolute figure. What the library controls is its overhead relative to what boto3 does on the same server
+at the same moment. So baseline (B) and candidate (C) runs alternate (B C, C B, B C, ...: the order flips
+every repetition so that neither side always runs first, on a warmer server), each side's median is taken,
+and the figure reported is the ratio of the medians, with min and max to show the spread. The large cases
+use few repetitions (``--repeat``, default 5: each moves N MiB through moto), the small case many
+(``--small-repeat``, default 200). Between large runs, outside the timing, ``os.sync()`` writes dirty pages
+out, so one run's disk writeback (the downloaded file, moto's spooled objects) is not billed to the next.
+Even so, one run's large-commit ratio can move by +-0.3 from one invocation to the next: run it several
+times before concluding anything from a single figure.
+
+Fairness: the baseline client is built exactly as :class:`S3ObjectStore` builds its own (same endpoint,
+credentials, region, path addressing, connection pool and retry configuration); ``upload_file`` and
+``download_file`` use boto3's default ``TransferConfig`` (8 MiB chunks, 10 threads), which is what a user
+gets. HTTP requests are counted with a botocore ``before-send`` handler on each client (one count per
+request sent, retries included).
+
+Where the time goes: per operation, the table also shows the CPU seconds of this process (client) and of
+the moto server process, both means. On two cores the server's CPU is nearly the wall time of a large
+transfer, so a difference in moto's CPU between the two sides explains a difference in wall time.
+
+Experiments: ``--part-size-mib`` and ``--max-concurrency`` are passed to the candidate's
+:class:`S3ObjectStore`; ``--no-expect-continue`` strips ``Expect: 100-continue`` from both clients' requests (moto sometimes answers
+that handshake ~10 ms late, which makes the small-commit medians bimodal).
+
+Memory: the test file is written in 8 MiB chunks from ``os.urandom``; the peak resident memory of the
+benchmark process (``ru_maxrss``) is printed, and, where Linux allows resetting it, the peak of each side of
+the large cases (``VmHWM`` after ``/proc/self/clear_refs``).
+
+The exit code is 0 whether or not the goals are met; each goal is printed as PASS or MISS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+from airflow_stateful.core.checkpoint_store import CheckpointStore
+from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.stores.s3 import MIB, S3ObjectStore
+from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer
+
+REGION = "us-east-1"
+GOALS = {"large_commit": 1.15, "large_restore": 1.15, "small_commit": 2.5}
+SMALL_VALUE_BYTES = 1024
+WARMUP_SMALL = 40  # > the delete batch (16) so the timed commits see the steady state
+
+
+# -- measurement helpers -----------------------------------------------------------------------------------
+class RequestCounter:
+    """Counts the HTTP requests a boto3 client sends (botocore's ``before-send`` event)."""
+
+    def __init__(self, client: Any) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        client.meta.events.register("before-send", self._on_send)
+
+    def _on_send(self, **_: Any) -> None:  # must return None, or botocore skips the request
+        with self._lock:
+            self.count += 1
+
+    @contextlib.contextmanager
+    def measure(self, into: list[int]) -> Iterator[None]:
+        start = self.count
+        try:
+            yield
+        finally:
+            into.append(self.count - start)
+
+
+def _read_hwm_kib() -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            match = re.search(r"^VmHWM:\s+(\d+)\s+kB", fh.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    except OSError:
+        return False
+    return True
+
+
+class CpuClock:
+    """CPU seconds (user + system, all threads) of this process and of the moto server process."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def client(self) -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    def server(self) -> float | None:
+        if self.server_pid is None:
+            return None
+        try:
+            with open(f"/proc/{self.server_pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:  # not Linux: no server CPU figures
+            return None
+        return (int(fields[11]) + int(fields[12])) / self._tick  # utime + stime
+
+
+def settle() -> None:
+    """Untimed, between runs: write dirty pages out so one run's writeback does not slow the next."""
+    if hasattr(os, "sync"):
+        os.sync()
+
+
+@dataclass
+class Side:
+    """One side (baseline or candidate) of one case: wall time, requests, CPU and peak memory per run."""
+
+    name: str
+    seconds: list[float] = field(default_factory=list)
+    requests: list[int] = field(default_factory=list)
+    client_cpu: list[float] = field(default_factory=list)
+    server_cpu: list[float] = field(default_factory=list)
+    peak_rss_mib: list[float] = field(default_factory=list)
+    peak_growth_mib: list[float] = field(default_factory=list)
+
+    def run(
+        self,
+        fn: Callable[[], object],
+        counter: RequestCounter,
+        clock: CpuClock,
+        *,
+        track_memory: bool = False,
+    ) -> None:
+        reset = track_memory and _reset_hwm()
+        before = _read_hwm_kib() if reset else None  # right after the reset: the current RSS
+        cpu0, srv0 = clock.client(), clock.server()
+        with counter.measure(self.requests):
+            start = time.perf_counter()
+            fn()
+            self.seconds.append(time.perf_counter() - start)
+        self.client_cpu.append(clock.client() - cpu0)
+        srv1 = clock.server()
+        if srv0 is not None and srv1 is not None:
+            self.server_cpu.append(srv1 - srv0)
+        if before is not None:
+            hwm = _read_hwm_kib()
+            if hwm is not None:
+                self.peak_rss_mib.append(hwm / 1024)
+                self.peak_growth_mib.append((hwm - before) / 1024)
+
+    def summary(self) -> dict[str, Any]:
+        s = self.seconds
+        return {
+            "name": self.name,
+            "runs": len(s),
+            "median_s": statistics.median(s),
+            "mean_s": statistics.fmean(s),
+            "min_s": min(s),
+            "max_s": max(s),
+            "requests_per_op": statistics.fmean(self.requests),
+            # Means, not medians: the server's CPU clock ticks in 10 ms steps, a small op takes a few ms.
+            "client_cpu_s": statistics.fmean(self.client_cpu),
+            "server_cpu_s": statistics.fmean(self.server_cpu) if self.server_cpu else None,
+            "peak_rss_mib": max(self.peak_rss_mib) if self.peak_rss_mib else None,
+            "peak_growth_mib": max(self.peak_growth_mib) if self.peak_growth_mib else None,
+            "seconds": [round(x, 6) for x in s],
+        }
+
+
+@dataclass
+class Case:
+    key: str
+    title: str
+    baseline: Side
+    candidate: Side
+    size_bytes: int
+    goal: float
+
+    def summary(self) -> dict[str, Any]:
+        b, c = self.baseline.summary(), self.candidate.summary()
+        ratio = c["median_s"] / b["median_s"]
+        out: dict[str, Any] = {
+            "case": self.key,
+            "title": self.title,
+            "size_bytes": self.size_bytes,
+            "baseline": b,
+            "candidate": c,
+            "ratio_of_medians": ratio,
+            "ratio_min": c["min_s"] / b["min_s"],
+            "ratio_of_means": c["mean_s"] / b["mean_s"],
+            "goal": self.goal,
+            "verdict": "PASS" if ratio <= self.goal else "MISS",
+        }
+        if self.size_bytes >= MIB:
+            out["baseline"]["mib_per_s"] = self.size_bytes / MIB / b["median_s"]
+            out["candidate"]["mib_per_s"] = self.size_bytes / MIB / c["median_s"]
+        return out
+
+
+def interleave(
+    repeat: int,
+    baseline: Callable[[int], object],
+    candidate: Callable[[int], object],
+    between: Callable[[], object] | None = None,
+) -> None:
+    """Alternate the two sides, flipping which goes first on every repetition (B C, C B, B C, ...)."""
+    for i in range(repeat):
+        order = (baseline, candidate) if i % 2 == 0 else (candidate, baseline)
+        for fn in order:
+            fn(i)
+            if between is not None:
+                between()
+
+
+# -- setup -------------------------------------------------------------------------------------------------
+def make_client(endpoint_url: str, max_concurrency: int) -> Any:
+    """A client configured like the one S3ObjectStore builds for itself (see stores/s3.py)."""
+    session = boto3.session.Session(
+        aws_access_key_id=DUMMY_ACCESS_KEY, aws_secret_access_key=DUMMY_SECRET_KEY, region_name=REGION
+    )
+    return session.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        config=Config(
+            max_pool_connections=max(10, max_concurrency * 2),
+            retries={"mode": "standard", "max_attempts": 5},
+            s3={"addressing_style": "path"},
+        ),
+    )
+
+
+def make_store(endpoint_url: str, bucket: str, args: argparse.Namespace) -> S3ObjectStore:
+    tuning: dict[str, int] = {}
+    if args.part_size_mib is not None:
+        tuning["part_size"] = args.part_size_mib * MIB
+    if args.max_concurrency is not None:
+        tuning["max_concurrency"] = args.max_concurrency
+    store = S3ObjectStore(
+        bucket=bucket,
+        prefix="candidate",
+        endpoint_url=endpoint_url,
+        region_name=REGION,
+        aws_access_key_id=DUMMY_ACCESS_KEY,
+        aws_secret_access_key=DUMMY_SECRET_KEY,
+        **tuning,  # type: ignore[arg-type]
+    )
+    return store
+
+
+def _strip_expect(request: Any, **_: Any) -> None:
+    request.headers.pop("Expect", None)
+
+
+def write_random_file(path: Path, size: int, chunk: int = 8 * MIB) -> None:
+    with open(path, "wb") as fh:
+        left = size
+        while left > 0:
+            n = min(chunk, left)
+            fh.write(os.urandom(n))
+            left -= n
+
+
+def small_value(i: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"offset": i, "cursor": f"2026-11-30T00:00:{i % 60:02d}Z", "pad": ""}
+    pad = SMALL_VALUE_BYTES - len(json.dumps(value, separators=(",", ":")))
+    value["pad"] = "x" * max(pad, 0)
+    return value
+
+
+# -- cases -------------------------------------------------------------------------------------------------
+@dataclass
+class Rig:
+    """What every case needs: both clients, their request counters, the CPU clock, the bucket, a logger."""
+
+    client: Any
+    store: S3ObjectStore
+    bucket: str
+    clock: CpuClock
+    log: Callable[[str], None]
+    bcount: RequestCounter = field(init=False)
+    ccount: RequestCounter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bcount = RequestCounter(self.client)
+        self.ccount = RequestCounter(self.store.client)
+
+
+def bench_large(rig: Rig, *, work: Path, size: int, repeat: int) -> tuple[Case, Case]:
+    client, store, bucket, log = rig.client, rig.store, rig.bucket, rig.log
+    src = work / "payload.bin"
+    log(f"writing a {size / MIB:.0f} MiB test file to {work}")
+    write_random_file(src, size)
+
+    cs = CheckpointStore(store=store, identity=Identity.for_task(dag_id="bench", task_id="large", name="big"))
+    lease = cs.acquire()
+
+    # Warm-up, untimed: connections, thread pools and moto's code paths for multipart up and ranged down.
+    warm = work / "warm.bin"
+    write_random_file(warm, 2 * store.part_size + 1)
+    client.upload_file(str(warm), bucket, "baseline/warm.bin")
+    client.download_file(bucket, "baseline/warm.bin", str(work / "warm.out"))
+    client.delete_object(Bucket=bucket, Key="baseline/warm.bin")
+    cs.restore_files(cs.commit(lease, {"warm": True}, files=warm), work / "warm-restore")
+    for p in (warm, work / "warm.out"):
+        p.unlink()
+    shutil.rmtree(work / "warm-restore")
+    settle()
+
+    mib = f"{size / MIB:.0f} MiB"
+    commit = Case(
+        "large_commit",
+        f"commit {mib} file vs upload_file",
+        Side("boto3 upload_file"),
+        Side("CheckpointStore.commit"),
+        size,
+        GOALS["large_commit"],
+    )
+
+    def up_baseline(i: int) -> None:
+        key = f"baseline/upload-{i}.bin"
+        commit.baseline.run(
+            lambda: client.upload_file(str(src), bucket, key), rig.bcount, rig.clock, track_memory=True
+        )
+        client.delete_object(Bucket=bucket, Key=key)  # keep moto's memory flat; untimed
+        log(f"  upload_file   #{i + 1}: {commit.baseline.seconds[-1]:.2f} s")
+
+    def up_candidate(i: int) -> None:
+        # From the 4th commit on, commit() also deletes the checkpoint that keep_last=3 drops: that is
+        # part of what a commit costs in steady state, so it stays inside the timing.
+        commit.candidate.run(
+            lambda: cs.commit(lease, {"i": i}, files=src), rig.ccount, rig.clock, track_memory=True
+        )
+        log(f"  commit        #{i + 1}: {commit.candidate.seconds[-1]:.2f} s")
+
+    log(f"large commit: {repeat} x 2 runs, interleaved")
+    interleave(repeat, up_baseline, up_candidate, between=settle)
+
+    manifest = cs.latest()
+    assert manifest is not None and len(manifest.files) == 1
+    full_key = f"{store.prefix}/{manifest.files[0].key}"  # the very object restore_files reads
+    restore = Case(
+        "large_restore",
+        f"restore {mib} file vs download_file",
+        Side("boto3 download_file"),
+        Side("latest() + restore_files"),
+        size,
+        GOALS["large_restore"],
+    )
+    out_file = work / "download.bin"
+    out_dir = work / "restore"
+
+    def down_baseline(i: int) -> None:
+        restore.baseline.run(
+            lambda: client.download_file(bucket, full_key, str(out_file)),
+            rig.bcount,
+            rig.clock,
+            track_memory=True,
+        )
+        out_file.unlink()
+        log(f"  download_file #{i + 1}: {restore.baseline.seconds[-1]:.2f} s")
+
+    def down_candidate(i: int) -> None:
+        def run() -> None:
+            m = cs.latest()
+            assert m is not None
+            cs.restore_files(m, out_dir)
+
+        restore.candidate.run(run, rig.ccount, rig.clock, track_memory=True)
+        shutil.rmtree(out_dir)
+        log(f"  restore       #{i + 1}: {restore.candidate.seconds[-1]:.2f} s")
+
+    log(f"large restore: {repeat} x 2 runs, interleaved")
+    interleave(repeat, down_baseline, down_candidate, between=settle)
+    cs.release(lease)
+    src.unlink()
+    return commit, restore
+
+
+def bench_small(rig: Rig, *, repeat: int) -> Case:
+    client, bucket = rig.client, rig.bucket
+    cs = CheckpointStore(
+        store=rig.store, identity=Identity.for_task(dag_id="bench", task_id="small", name="json")
+    )
+    lease = cs.acquire()
+    body = json.dumps(small_value(0), separators=(",", ":")).encode()
+    for i in range(WARMUP_SMALL):  # untimed: connections, cached head, retention and delete batches in play
+        client.put_object(Bucket=bucket, Key="baseline/small.json", Body=body)
+        cs.commit(lease, small_value(i))
+    settle()
+
+    case = Case(
+        "small_commit",
+        f"commit ~{SMALL_VALUE_BYTES} B JSON value vs put_object",
+        Side("boto3 put_object"),
+        Side("CheckpointStore.commit"),
+        len(body),
+        GOALS["small_commit"],
+    )
+
+    def baseline(i: int) -> None:
+        case.baseline.run(
+            lambda: client.put_object(Bucket=bucket, Key="baseline/small.json", Body=body),
+            rig.bcount,
+            rig.clock,
+        )
+
+    def candidate(i: int) -> None:
+        value = small_value(WARMUP_SMALL + i)  # built outside the timing, like the baseline's body
+        case.candidate.run(lambda: cs.commit(lease, value), rig.ccount, rig.clock)
+
+    rig.log(f"small commit: {repeat} x 2 runs, interleaved")
+    interleave(repeat, baseline, candidate)
+    cs.release(lease)
+    return case
+
+
+# -- output ------------------------------------------------------------------------------------------------
+def _fmt_s(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.2f} ms"
+
+
+def print_table(report: dict[str, Any]) -> None:
+    tune = report["candidate_store"]
+    print()
+    print(
+        f"airflow_stateful store benchmark, {report['date']}, {report['cpus']} CPU(s), moto on loopback; "
+        f"candidate part_size {tune['part_size_mib']:g} MiB, max_concurrency {tune['max_concurrency']}"
+        + ("" if report["expect_100_continue"] else ", no Expect: 100-continue (experiment, both sides)")
+    )
+    print("times are per operation; CPU: mean per operation (client = this process, moto = server process)")
+    header = (
+        f"{'case':<40} {'side':<25} {'runs':>4} {'median':>10} {'min':>10} {'max':>10} {'req/op':>6} "
+        f"{'client CPU':>10} {'moto CPU':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for case in report["cases"]:
+        for label, side in (("baseline", case["baseline"]), ("candidate", case["candidate"])):
+            title = case["title"] if label == "baseline" else ""
+            rate = f"  {side['mib_per_s']:.0f} MiB/s" if "mib_per_s" in side else ""
+            print(
+                f"{title:<40} {side['name']:<25} {side['runs']:>4} {_fmt_s(side['median_s']):>10} "
+                f"{_fmt_s(side['min_s']):>10} {_fmt_s(side['max_s']):>10} {side['requests_per_op']:>6.2f} "
+                f"{_fmt_s(side['client_cpu_s']):>10} {_fmt_s(side['server_cpu_s']):>10}{rate}"
+            )
+    print()
+    print(
+        f"{'goal (verdict on the ratio of medians)':<40} {'ratio of medians':>16} {'of means':>9} "
+        f"{'of mins':>8} {'goal':>7} {'verdict':>7}"
+    )
+    for case in report["cases"]:
+        print(
+            f"{case['title']:<40} {case['ratio_of_medians']:>16.3f} {case['ratio_of_means']:>9.3f} "
+            f"{case['ratio_min']:>8.3f} {'<= ' + format(case['goal'], '.2f'):>7} {case['verdict']:>7}"
+        )
+    print()
+    for case in report["cases"]:
+        b, c = case["baseline"], case["candidate"]
+        if b["peak_rss_mib"] is not None and c["peak_rss_mib"] is not None:
+            print(
+                f"peak RSS during {case['case']} (growth over the RSS before the run): "
+                f"{b['name']} {b['peak_rss_mib']:.0f} MiB (+{b['peak_growth_mib']:.0f}), "
+                f"{c['name']} {c['peak_rss_mib']:.0f} MiB (+{c['peak_growth_mib']:.0f})"
+            )
+    print(f"peak RSS of the benchmark process (ru_maxrss): {report['ru_maxrss_mib']:.0f} MiB")
+    print(f"total wall time: {report['wall_s']:.0f} s")
+
+
+# -- main --------------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--size-mib", type=int, default=256, help="size of the large file (default 256)")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per side for the large cases (default 5)")
+    parser.add_argument(
+        "--small-repeat", type=int, default=200, help="runs per side for the small commit (default 200)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    parser.add_argument("--skip-large", action="store_true", help="skip the large commit and restore")
+    parser.add_argument("--skip-small", action="store_true", help="skip the small commit")
+    parser.add_argument(
+        "--part-size-mib",
+        type=int,
+        default=None,
+        help="S3ObjectStore part_size for the candidate (default: the library's default)",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="S3ObjectStore max_concurrency for the candidate (default: the library's default)",
+    )
+    parser.add_argument(
+        "--no-expect-continue",
+        action="store_true",
+        help="experiment: strip 'Expect: 100-continue' from the requests of BOTH clients (moto answers it "
+        "with a ~10 ms stall on a share of requests; see docs/performance.md)",
+    )
+    args = parser.parse_args(argv)
+    if args.size_mib < 1 or args.repeat < 1 or args.small_repeat < 1:
+        parser.error("--size-mib, --repeat and --small-repeat must be at least 1")
+    if args.part_size_mib is not None and args.part_size_mib < 5:
+        parser.error("--part-size-mib must be at least 5 (S3's minimum part size)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    started = time.perf_counter()
+    cases: list[Case] = []
+    server = MotoServer.start()
+    store: S3ObjectStore | None = None
+    try:
+        log(f"moto server on {server.endpoint_url}")
+        bucket = f"bench-{uuid.uuid4().hex[:10]}"
+        store = make_store(server.endpoint_url, bucket, args)
+        client = make_client(server.endpoint_url, store.max_concurrency)
+        client.create_bucket(Bucket=bucket)
+        if args.no_expect_continue:
+            for c in (client, store.client):
+                c.meta.events.register_first("before-send", _strip_expect)
+        rig = Rig(client=client, store=store, bucket=bucket, clock=CpuClock(server.process.pid), log=log)
+        with tempfile.TemporaryDirectory(prefix="stateful-bench-") as tmp:
+            if not args.skip_large:
+                cases.extend(bench_large(rig, work=Path(tmp), size=args.size_mib * MIB, repeat=args.repeat))
+            if not args.skip_small:
+                cases.append(bench_small(rig, repeat=args.small_repeat))
+    finally:
+        if store is not None:
+            store.close()
+        server.stop()
+
+    transfer = TransferConfig()
+    report = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "boto3": boto3.__version__,
+        "candidate_store": {
+            "part_size_mib": store.part_size / MIB if store else None,
+            "max_concurrency": store.max_concurrency if store else None,
+        },
+        "expect_100_continue": not args.no_expect_continue,
+        "baseline_transfer_config": {
+            "multipart_chunksize_mib": transfer.multipart_chunksize / MIB,
+            "max_concurrency": transfer.max_request_concurrency,
+        },
+        "args": {k: v for k, v in vars(args).items() if k != "json"},
+        "cases": [c.summary() for c in cases],
+        "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "wall_s": time.perf_counter() - started,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
