@@ -23,7 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="stateful-airflow-home-"))
 os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+# The DAG folder is a session copy of dags/, so tests can add DAG files (or swap one for a new version, as
+# a deployment would) without touching the repository. dag.test() parses this folder.
+_DAGS_FOLDER = _AIRFLOW_HOME / "dags"
+shutil.copytree(REPO / "dags", _DAGS_FOLDER, ignore=shutil.ignore_patterns("__pycache__"))
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_DAGS_FOLDER)
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/airflow.db"
 os.environ["AIRFLOW__STATEFUL__BACKEND_URL"] = (_AIRFLOW_HOME / "stateful").as_uri()
 os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
@@ -64,3 +68,9 @@ def airflow_home() -> Path:
         )
         marker.touch()
     return _AIRFLOW_HOME
+
+
+@pytest.fixture(scope="session")
+def dags_folder(airflow_home: Path) -> Path:
+    """The DAG folder Airflow parses in this session (a copy of dags/ plus what tests write)."""
+    return _DAGS_FOLDER

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from dag_helpers import ledger_by_try, load_dag_module
 from s3_endpoint import S3Endpoint
 
 pytestmark = pytest.mark.airflow
 DAGS = Path(__file__).resolve().parent.parent / "dags"
-
-
-def load_dag_module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"dag_{name}", DAGS / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_dag_file_imports_cleanly(airflow_home: Path) -> None:
@@ -32,14 +23,6 @@ def test_every_dag_file_imports_cleanly(airflow_home: Path) -> None:
     assert "resumable_batch" in bag.dag_ids
 
 
-def ledger_by_try(path: Path) -> dict[int, list[int]]:
-    tries: dict[int, list[int]] = {}
-    for row in path.read_text().split():
-        try_number, item = (int(x) for x in row.split(","))
-        tries.setdefault(try_number, []).append(item)
-    return tries
-
-
 @pytest.fixture
 def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "ledger.csv"
@@ -48,7 +31,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_resumable_batch() -> tuple[str, str]:
-    module = load_dag_module("resumable_batch")
+    module = load_dag_module(DAGS / "resumable_batch.py")
     run = module.dag_object.test()
     return str(run.state), run.run_id
 

@@ -324,7 +324,9 @@ class CheckpointStoreContract:
             manifest = cs.commit(lease, {"epoch": 1, "step": step}, keep_files_from=manifest)
         latest = make(store).latest()
         assert latest is not None and latest.value == {"epoch": 1, "step": 4}
-        assert [f.key for f in latest.files] == [f.key for f in first.files], "files are referenced, not copied"
+        assert [f.key for f in latest.files] == [f.key for f in first.files], (
+            "files are referenced, not copied"
+        )
         out = tmp_path / "out1"
         cs.restore_files(latest, out)
         assert read_tree(out) == read_tree(weights)
