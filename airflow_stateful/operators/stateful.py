@@ -159,7 +159,10 @@ class StatefulOperator(BaseOperator):
                 checkpoints.purge(lease)
             return result
         finally:
-            checkpoints.release(lease)
+            try:
+                checkpoints.release(lease)
+            except Exception as exc:  # never mask the task's own outcome; the lease simply expires
+                log.warning("could not release the lease on %s: %s (it expires by itself)", identity, exc)
             checkpoints.store.close()
 
     def on_kill(self) -> None:
