@@ -154,6 +154,10 @@ class TaskState:
         )
         return CheckpointInfo.of(self._latest)
 
+    def _cursors_saved(self, key: str, position: int) -> bool:
+        saved = (self._latest.extra.get(_CURSORS) or {}) if self._latest else {}
+        return bool(saved.get(key) == position)
+
     def restore_files(self, dest: str | Path) -> list[Path]:
         """Restore the files of the newest checkpoint into directory ``dest``, verified; ``[]`` if none."""
         if self._latest is None or not self._latest.files:
@@ -184,7 +188,7 @@ class TaskState:
         start = self._cursors.get(key, 0)
         if start:
             log.info("skipping %d finished items (cursor %r)", start, key)
-        position = start
+        position = committed = start
         since = self._clock()
         for item in islice(iterable, start, None):
             if self.stop_requested:
@@ -200,6 +204,7 @@ class TaskState:
             due_time = interval is not None and self._clock() - since >= interval.total_seconds()
             if due_items or due_time:
                 self._commit()
-                since = self._clock()
+                committed, since = position, self._clock()
         self._cursors[key] = position
-        self._commit()
+        if position != committed or not self._cursors_saved(key, position):
+            self._commit()

@@ -217,8 +217,12 @@ class CheckpointStore:
 
         # Fail fast before uploading files: a fenced zombie must not push gigabytes first. A value-only
         # commit trusts the head this process last saw (the CAS below re-checks it anyway).
-        known = self.heads.load()[0] if local_files else self.heads.cached()
-        head = check_holder(known, lease, action="commit to")
+        try:
+            head = check_holder(
+                self.heads.load()[0] if local_files else self.heads.cached(), lease, action="commit to"
+            )
+        except FencedError:
+            head = check_holder(self.heads.load()[0], lease, action="commit to")  # name the current holder
         seq = head.next_seq
         commit_id = uuid.uuid4().hex
         if files is None and keep_files_from is not None:

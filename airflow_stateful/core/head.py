@@ -13,7 +13,12 @@ import random
 import time
 from collections.abc import Callable
 
-from airflow_stateful.core.errors import ObjectNotFoundError, PreconditionFailedError, StoreError
+from airflow_stateful.core.errors import (
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StatefulError,
+    StoreError,
+)
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.records import HEAD_NAME, HeadRecord, utcnow_iso
 from airflow_stateful.core.stores.base import ObjectStore
@@ -65,11 +70,21 @@ class HeadStore:
         for attempt in range(MAX_CAS_ATTEMPTS):
             current: HeadRecord | None
             etag: str | None
-            if attempt == 0 and not fresh and self._cached is not None:
+            from_cache = attempt == 0 and not fresh and self._cached is not None
+            if from_cache:
+                assert self._cached is not None
                 current, etag = self._cached
             else:
                 current, etag = self.load()
-            decided = decide(current)
+            try:
+                decided = decide(current)
+            except StatefulError:
+                if not from_cache:
+                    raise
+                # A refusal must be judged on the current head, not on our possibly stale copy (its
+                # message names the epoch and holder): read it and decide again.
+                self._cached = None
+                continue
             if current is not None and decided is current:
                 # Already applied: an earlier attempt's write landed but its answer was lost (a retried
                 # request then sees 412). ``decide`` recognised its own change in the head.

@@ -1,0 +1,80 @@
+"""TaskState without Airflow: the resume cursor, stops, and which checkpoints it commits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_stateful.core import CheckpointStore, Identity, WriterInfo
+from airflow_stateful.core.errors import InvalidValueError, StopRequested
+from airflow_stateful.core.stores.local import LocalObjectStore
+from airflow_stateful.task_state import TaskState
+
+
+def open_state(root: Path, *, every: int | None = 10) -> tuple[TaskState, CheckpointStore]:
+    checkpoints = CheckpointStore(
+        store=LocalObjectStore(root=root), identity=Identity.parse("d/t/run=r/map=-1")
+    )
+    lease = checkpoints.acquire(steal=True)
+    start = checkpoints.latest()
+    state = TaskState(
+        checkpoints=checkpoints,
+        lease=lease,
+        writer=WriterInfo(try_number=1),
+        start=start,
+        value=start.value if start else None,
+        checkpoint_every=every,
+    )
+    return state, checkpoints
+
+
+def test_resume_commits_every_n_and_once_at_the_end(tmp_path: Path) -> None:
+    state, checkpoints = open_state(tmp_path)
+    state.value = 0
+    for item in state.resume(range(25)):
+        state.value += item
+    assert [e.seq for e in checkpoints.history()] == [3, 2, 1], "at 10, 20 and the end (25)"
+    state2, checkpoints2 = open_state(tmp_path)
+    assert list(state2.resume(range(25))) == [], "a finished loop yields nothing on resume"
+    assert [e.seq for e in checkpoints2.history()] == [3, 2, 1], "and commits nothing again"
+    assert state2.value == sum(range(25)) and state2.resumed
+
+
+def test_resume_does_not_commit_twice_when_the_end_falls_on_a_multiple(tmp_path: Path) -> None:
+    state, checkpoints = open_state(tmp_path)
+    for _ in state.resume(range(20)):
+        pass
+    assert [e.seq for e in checkpoints.history()] == [2, 1]
+
+
+def test_stop_commits_the_cursor_and_ends_the_try(tmp_path: Path) -> None:
+    state, _ = open_state(tmp_path, every=100)
+    seen = []
+    with pytest.raises(StopRequested, match="after 7 items"):
+        for item in state.resume(range(50)):
+            seen.append(item)
+            if item == 6:
+                state.request_stop()  # what on_kill does, from another thread in real life
+    assert seen == list(range(7))
+    resumed, _ = open_state(tmp_path, every=100)
+    assert next(iter(resumed.resume(range(50)))) == 7, "nothing finished is redone, nothing is skipped"
+
+
+def test_value_must_stay_json(tmp_path: Path) -> None:
+    state, checkpoints = open_state(tmp_path)
+    with pytest.raises(InvalidValueError, match="not JSON-serializable"):
+        state.value = {"when": object()}
+    assert checkpoints.history() == []
+
+
+def test_two_loops_keep_separate_cursors(tmp_path: Path) -> None:
+    state, _ = open_state(tmp_path, every=1)
+    list(state.resume(range(3), key="download"))
+    with pytest.raises(RuntimeError):
+        for item in state.resume(range(10), key="parse"):
+            if item == 4:
+                raise RuntimeError("crash")
+    again, _ = open_state(tmp_path, every=1)
+    assert list(again.resume(range(3), key="download")) == []
+    assert next(iter(again.resume(range(10), key="parse"))) == 4
