@@ -87,7 +87,12 @@ class TaskState:
         self._latest = start
         self._value = value
         self._resumed = start is not None
-        self._cursors: dict[str, int] = dict((start.extra.get(_CURSORS) if start else None) or {})
+        # resume() positions belong to one DAG run: a named identity carries its value into the next run,
+        # but the next run iterates over new data and must start at its first item.
+        same_run = start is not None and start.writer.run_id == writer.run_id
+        self._cursors: dict[str, int] = dict(
+            (start.extra.get(_CURSORS) if start and same_run else None) or {}
+        )
         self._every = checkpoint_every
         self._interval = checkpoint_interval
         self._clock = clock

@@ -78,3 +78,32 @@ def test_two_loops_keep_separate_cursors(tmp_path: Path) -> None:
     again, _ = open_state(tmp_path, every=1)
     assert list(again.resume(range(3), key="download")) == []
     assert next(iter(again.resume(range(10), key="parse"))) == 4
+
+
+def test_a_new_run_of_a_named_identity_keeps_the_value_but_not_the_position(tmp_path: Path) -> None:
+    """A watermark carries over to the next run; the next run's items are new data, all of them unseen."""
+    checkpoints = CheckpointStore(
+        store=LocalObjectStore(root=tmp_path),
+        identity=Identity.for_task(dag_id="d", task_id="t", name="nightly"),
+    )
+
+    def run(run_id: str, rows: list[str]) -> list[str]:
+        lease = checkpoints.acquire(steal=True)
+        start = checkpoints.latest()
+        state = TaskState(
+            checkpoints=checkpoints,
+            lease=lease,
+            writer=WriterInfo(run_id=run_id, try_number=1),
+            start=start,
+            value=start.value if start else None,
+        )
+        seen = []
+        for row in state.resume(rows):
+            seen.append(row)
+            state.value = row
+        checkpoints.release(lease)
+        return seen
+
+    assert run("run-1", ["a", "b", "c"]) == ["a", "b", "c"]
+    assert run("run-2", ["d", "e", "f", "g"]) == ["d", "e", "f", "g"]
+    assert checkpoints.latest().value == "g"  # type: ignore[union-attr]

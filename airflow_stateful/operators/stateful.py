@@ -23,11 +23,16 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowRescheduleException
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.codecs import CODECS, JSON, decode_value
-from airflow_stateful.core.errors import IncompatibleStateError, InvalidValueError, StopRequested
+from airflow_stateful.core.errors import (
+    IncompatibleStateError,
+    InvalidValueError,
+    MigrationError,
+    StopRequested,
+)
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import Lease
 from airflow_stateful.core.migrations import migrate, migration_path, validate_schema
@@ -145,7 +150,12 @@ class StatefulOperator(BaseOperator):
         # is still running is a zombie), which fences it.
         lease = checkpoints.acquire(holder=writer, steal=True)
         try:
-            state = self._open_state(checkpoints, lease, writer)
+            try:
+                state = self._open_state(checkpoints, lease, writer)
+            except (IncompatibleStateError, MigrationError, InvalidValueError) as exc:
+                # Deterministic: another try of the same code would fail the same way. Fail without retrying;
+                # fix the DAG (or the migration) and clear the task.
+                raise AirflowFailException(str(exc)) from exc
             self._state = state
             if self._stop_early:
                 state.request_stop()
