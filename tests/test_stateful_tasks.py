@@ -751,3 +751,55 @@ def test_retry_resumes_from_the_last_checkpoint_on_s3(
     assert not local_root.exists()
     out, err = capfd.readouterr()
     assert s3_backend not in out + err, "the connection's secret key leaked into the task log"
+
+
+# -- on_incompatible="restart" and on_success="delete" ------------------------------------------------------
+
+LIFECYCLE = """
+    @dag(dag_id="__DAG_ID__", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+    def the_dag():
+        @stateful_task(task_id="job", identity="shared", schema_version=__SCHEMA__, __OPTIONS__)
+        def job(state: TaskState):
+            record(current_ti().try_number, 1 if state.resumed else 0, __SCHEMA__)
+            state.save({"schema": __SCHEMA__, "seen": (state.value or {}).get("seen", 0) + 1})
+            return state.value
+
+        job()
+
+
+    dag_object = the_dag()
+    """
+
+
+def lifecycle_dag(dags_folder: Path, tmp_path: Path, dag_id: str, schema: int, options: str) -> DagFile:
+    body = LIFECYCLE.replace("__SCHEMA__", str(schema)).replace("__OPTIONS__", options)
+    return write_dag(dags_folder, tmp_path, body, dag_id=dag_id)
+
+
+def test_on_incompatible_restart_starts_fresh_and_keeps_the_old_checkpoint(
+    dags_folder: Path, tmp_path: Path
+) -> None:
+    dag_id = f"st_{uuid.uuid4().hex[:10]}"
+    newer = lifecycle_dag(dags_folder, tmp_path, dag_id, 3, "keep_last=5")
+    _, run = run_dag(newer)
+    assert run.state == "success"
+    # The DAG is rolled back to code that knows only schema 1 and has no way to read schema 3.
+    older = lifecycle_dag(dags_folder, tmp_path, dag_id, 1, "on_incompatible='restart', keep_last=5")
+    _, run = run_dag(older)
+    assert run.state == "success"
+    assert older.rows()[-1] == [1, 0, 1], "the schema-1 code started fresh (state.resumed is False)"
+    cs = checkpoints(dag_id, "job", name="shared")
+    latest = cs.latest()
+    assert latest is not None and latest.value == {"schema": 1, "seen": 1} and latest.schema_version == 1
+    old = [cs.get(e.seq) for e in cs.history() if e.schema_version == 3]
+    assert [m.value for m in old] == [{"schema": 3, "seen": 1}], "the newer checkpoint stays in history"
+
+
+def test_on_success_delete_removes_the_state_after_success(dags_folder: Path, tmp_path: Path) -> None:
+    dag_file = lifecycle_dag(dags_folder, tmp_path, f"st_{uuid.uuid4().hex[:10]}", 1, "on_success='delete'")
+    _, run = run_dag(dag_file)
+    assert run.state == "success"
+    assert dag_file.rows() == [[1, 0, 1]]
+    cs = checkpoints(dag_file.dag_id, "job", name="shared")
+    assert cs.latest() is None
+    assert list(cs.store.list_objects(f"{cs.identity.key}/")) == [], "no object of the identity is left"

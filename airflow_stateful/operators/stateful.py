@@ -65,6 +65,7 @@ class StatefulOperator(BaseOperator):
     :param backend_url: ``s3://bucket/prefix`` or ``file:///path``; default ``[stateful] backend_url``. (templated)
     :param conn_id: Airflow connection for S3; default ``[stateful] conn_id``. (templated)
     :param on_success: ``"keep"`` (default) the state after success, or ``"delete"`` it.
+    :param keep_last: checkpoints kept for this task's identity; default ``[stateful] keep_last``.
     :param value_codec: ``"json"`` (default) or ``"pickle"`` (opt-in by name; readers must opt in too).
     :param reschedule_delay: how long after a SIGTERM stop the task is rescheduled.
     """
@@ -83,6 +84,7 @@ class StatefulOperator(BaseOperator):
         backend_url: str | None = None,
         conn_id: str | None = None,
         on_success: str = "keep",
+        keep_last: int | None = None,
         value_codec: str = JSON,
         reschedule_delay: timedelta = timedelta(seconds=5),
         **kwargs: Any,
@@ -114,7 +116,12 @@ class StatefulOperator(BaseOperator):
         self.identity = identity
         self.backend_url = backend_url
         self.conn_id = conn_id
+        if keep_last is not None and (
+            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+        ):
+            raise InvalidValueError(f"keep_last must be an integer >= 1, not {keep_last!r}")
         self.on_success = on_success
+        self.keep_last = keep_last
         self.value_codec = value_codec
         self.reschedule_delay = reschedule_delay
         self._state: TaskState | None = None
@@ -143,7 +150,7 @@ class StatefulOperator(BaseOperator):
             run_id=context["dag_run"].run_id,
             name=self.identity or None,
         )
-        hook = StateHook(backend_url=self.backend_url, conn_id=self.conn_id)
+        hook = StateHook(backend_url=self.backend_url, conn_id=self.conn_id, keep_last=self.keep_last)
         checkpoints = hook.checkpoint_store(identity)
         writer = StateHook.writer_for(context)
         # This try is the one Airflow runs now: take the lease even from a live holder (an earlier try that
