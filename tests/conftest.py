@@ -7,13 +7,16 @@ SQLite database (the first ``dag.test()`` in a process is slow; later ones are f
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,3 +77,23 @@ def airflow_home() -> Path:
 def dags_folder(airflow_home: Path) -> Path:
     """The DAG folder Airflow parses in this session (a copy of dags/ plus what tests write)."""
     return _DAGS_FOLDER
+
+
+@pytest.fixture
+def s3_backend(s3_endpoint: S3Endpoint, s3_prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Point ``[stateful]`` at the S3 endpoint through an Airflow connection given by environment.
+
+    Yields a secret used as the connection's password on moto (which accepts any), so a test can assert it
+    never shows in a task log.
+    """
+    secret = f"do-not-log-{uuid.uuid4().hex}"
+    extra = {"endpoint_url": s3_endpoint.endpoint_url, "region_name": s3_endpoint.region}
+    conn: dict[str, Any] = {"conn_type": "aws", "extra": extra}
+    creds = s3_endpoint.credentials
+    if creds:
+        conn["login"] = creds["aws_access_key_id"]
+        conn["password"] = creds["aws_secret_access_key"] if s3_endpoint.kind != "moto" else secret
+    monkeypatch.setenv("AIRFLOW_CONN_STATEFUL_TEST_S3", json.dumps(conn))
+    monkeypatch.setenv("AIRFLOW__STATEFUL__CONN_ID", "stateful_test_s3")
+    monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", f"s3://{s3_endpoint.bucket}/{s3_prefix}")
+    yield secret

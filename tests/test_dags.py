@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,22 +50,6 @@ def test_resumable_batch_retry_resumes_from_checkpoint_on_local_store(
     assert latest.value == {"total": sum(i * i for i in range(100))}, "items 30..36 are counted once"
     assert latest.extra["cursors"] == {"items": 100}
     assert latest.writer.try_number == 2 and latest.writer.dag_version_id
-
-
-@pytest.fixture
-def s3_backend(s3_endpoint: S3Endpoint, s3_prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Point ``[stateful]`` at the S3 endpoint through an Airflow connection given by environment."""
-    secret = f"do-not-log-{uuid.uuid4().hex}"
-    extra = {"endpoint_url": s3_endpoint.endpoint_url, "region_name": s3_endpoint.region}
-    conn = {"conn_type": "aws", "extra": extra}
-    creds = s3_endpoint.credentials
-    if creds:
-        conn["login"] = creds["aws_access_key_id"]
-        conn["password"] = creds["aws_secret_access_key"] if s3_endpoint.kind != "moto" else secret
-    monkeypatch.setenv("AIRFLOW_CONN_STATEFUL_TEST_S3", json.dumps(conn))
-    monkeypatch.setenv("AIRFLOW__STATEFUL__CONN_ID", "stateful_test_s3")
-    monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", f"s3://{s3_endpoint.bucket}/{s3_prefix}")
-    yield secret
 
 
 @pytest.mark.s3

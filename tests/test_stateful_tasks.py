@@ -12,7 +12,6 @@ of the session parses.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -707,22 +706,6 @@ def test_pickle_codec_round_trips_and_json_readers_refuse_it(
 
 
 # -- 6. the same resume, on S3 through an Airflow connection --------------------------------------------------
-
-
-@pytest.fixture
-def s3_backend(s3_endpoint: S3Endpoint, s3_prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Point ``[stateful]`` at the S3 endpoint through an Airflow connection given by environment."""
-    secret = f"do-not-log-{uuid.uuid4().hex}"
-    extra = {"endpoint_url": s3_endpoint.endpoint_url, "region_name": s3_endpoint.region}
-    conn: dict[str, Any] = {"conn_type": "aws", "extra": extra}
-    creds = s3_endpoint.credentials
-    if creds:
-        conn["login"] = creds["aws_access_key_id"]
-        conn["password"] = creds["aws_secret_access_key"] if s3_endpoint.kind != "moto" else secret
-    monkeypatch.setenv("AIRFLOW_CONN_STATEFUL_TASKS_S3", json.dumps(conn))
-    monkeypatch.setenv("AIRFLOW__STATEFUL__CONN_ID", "stateful_tasks_s3")
-    monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", f"s3://{s3_endpoint.bucket}/{s3_prefix}")
-    yield secret
 
 
 @pytest.mark.s3
