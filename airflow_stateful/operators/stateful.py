@@ -142,6 +142,8 @@ class StatefulOperator(BaseOperator):
         return Identity.for_task(dag_id=dag_id, task_id=task_id, map_index=map_index, run_id=run_id)
 
     def execute(self, context: Any) -> Any:
+        # A stop belongs to one execution; an operator object reused for the next one starts clean.
+        self._state, self._stop_early = None, False
         ti = context["ti"]
         identity = self._identity_for(
             dag_id=ti.dag_id,
