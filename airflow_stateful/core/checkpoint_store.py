@@ -22,7 +22,7 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -192,6 +192,7 @@ class CheckpointStore:
         extra: dict[str, Any] | None = None,
         value_codec: str = JSON,
         keep_files_from: Manifest | None = None,
+        exclude: Collection[str] = (),
     ) -> Manifest:
         """Make ``value`` (and the files below ``files``) the identity's newest checkpoint, atomically.
 
@@ -201,6 +202,7 @@ class CheckpointStore:
         :param keep_files_from: with ``files=None``, the new checkpoint keeps this earlier checkpoint's
             files (by reference, nothing is copied); retention keeps their data while any kept checkpoint
             refers to it.
+        :param exclude: relative paths below ``files`` not to checkpoint.
         """
         if lease.identity != self.identity:
             raise ValueError(f"lease is for {lease.identity}, not {self.identity}")
@@ -209,7 +211,7 @@ class CheckpointStore:
         stored_value = encode_value(value, value_codec)
         if extra is not None:
             encode_value(extra, JSON)
-        local_files = collect_files(files)
+        local_files = collect_files(files, exclude=exclude)
         if keep_files_from is not None and keep_files_from.identity != self.identity.key:
             raise ValueError(
                 f"keep_files_from is a checkpoint of {keep_files_from.identity}, not {self.identity}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -19,11 +20,12 @@ class LocalFile:
     size: int
 
 
-def collect_files(files: str | os.PathLike[str] | None) -> list[LocalFile]:
+def collect_files(files: str | os.PathLike[str] | None, *, exclude: Collection[str] = ()) -> list[LocalFile]:
     """List the regular files of a file or directory tree, sorted by relative path.
 
     A single file is restored under its own name; a directory's files keep their paths below it. Empty
-    directories are not recorded. Special files (pipes, sockets, devices) are refused by name.
+    directories are not recorded. Special files (pipes, sockets, devices) are refused by name. ``exclude``
+    names relative paths to leave out (the pod client keeps its value file beside the data).
     """
     if files is None:
         return []
@@ -48,7 +50,9 @@ def collect_files(files: str | os.PathLike[str] | None) -> list[LocalFile]:
                 raise InvalidValueError(
                     f"{str(path)!r} is not a regular file (pipe, socket or device); move it out of {str(root)!r}."
                 )
-            found.append(LocalFile(path=path, rel=path.relative_to(root).as_posix(), size=st.st_size))
+            rel = path.relative_to(root).as_posix()
+            if rel not in exclude:
+                found.append(LocalFile(path=path, rel=rel, size=st.st_size))
     found.sort(key=lambda f: f.rel)
     return found
 
