@@ -65,6 +65,7 @@ EXAMPLES = {
     "durable_watermark": ["durable_watermark"],
     "file_checkpoint": ["file_checkpoint"],
     "upgrade_with_migration": ["upgrade_with_migration", "upgrade_with_migration_migration"],
+    "task_state_store": ["task_state_store"],
 }
 
 
