@@ -12,6 +12,7 @@ from typing import Any
 from airflow_stateful.version import __version__
 
 _ADDED = "0.1.0"
+_INTEGRATION = "Stateful checkpoints"
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -21,6 +22,19 @@ def get_provider_info() -> dict[str, Any]:
         "description": "Durable identity, fenced S3 checkpoints and upgrade-safe resume for Airflow tasks.",
         "versions": [__version__],
         "connection-types": [],
+        "integrations": [
+            {
+                "integration-name": _INTEGRATION,
+                "external-doc-url": "https://github.com/airflow-provider-stateful/airflow-provider-stateful/tree/main/docs",
+                "tags": ["software"],
+            }
+        ],
+        "sensors": [
+            {"integration-name": _INTEGRATION, "python-modules": ["airflow_stateful.sensors.checkpoint"]},
+        ],
+        "triggers": [
+            {"integration-name": _INTEGRATION, "python-modules": ["airflow_stateful.triggers.checkpoint"]},
+        ],
         "task-decorators": [
             {"name": "stateful", "class-name": "airflow_stateful.decorators.stateful.stateful_task"},
         ],

@@ -66,6 +66,7 @@ EXAMPLES = {
     "file_checkpoint": ["file_checkpoint"],
     "upgrade_with_migration": ["upgrade_with_migration", "upgrade_with_migration_migration"],
     "task_state_store": ["task_state_store"],
+    "checkpoint_sensor": ["checkpoint_sensor", "lease_released_sensor"],
 }
 
 
