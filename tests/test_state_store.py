@@ -621,24 +621,6 @@ def test_example_dag_runs_on_airflows_default_backend(
     check_example_story(run, ledger)
 
 
-@pytest.fixture
-def s3_state_store(s3_endpoint: S3Endpoint, s3_prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """``[stateful] backend_url`` and ``conn_id`` point at the S3 endpoint; yields the connection's secret."""
-    secret = f"do-not-log-{uuid.uuid4().hex}"
-    conn: dict[str, Any] = {
-        "conn_type": "aws",
-        "extra": {"endpoint_url": s3_endpoint.endpoint_url, "region_name": s3_endpoint.region},
-    }
-    creds = s3_endpoint.credentials
-    if creds:
-        conn["login"] = creds["aws_access_key_id"]
-        conn["password"] = creds["aws_secret_access_key"] if s3_endpoint.kind != "moto" else secret
-    monkeypatch.setenv("AIRFLOW_CONN_STATE_STORE_TEST_S3", json.dumps(conn))
-    monkeypatch.setenv("AIRFLOW__STATEFUL__CONN_ID", "state_store_test_s3")
-    monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", f"s3://{s3_endpoint.bucket}/{s3_prefix}")
-    yield secret
-
-
 BACKEND = "airflow_stateful.state_store.S3StateStoreBackend"
 MODES = {"server": ("BACKEND",), "worker": ("WORKERS",), "both": ("BACKEND", "WORKERS")}
 
@@ -675,7 +657,7 @@ def test_example_dag_keeps_its_state_across_a_retry_in_s3(
     ledger: Path,
     s3_endpoint: S3Endpoint,
     s3_prefix: str,
-    s3_state_store: str,
+    s3_backend: str,
     reset_state_backends: None,
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
@@ -714,7 +696,7 @@ def test_example_dag_keeps_its_state_across_a_retry_in_s3(
         assert status["by_ref"] is (mode == "both")
 
     out, err = capfd.readouterr()
-    assert s3_state_store not in out + err, "the connection's secret key leaked into the log"
+    assert s3_backend not in out + err, "the connection's secret key leaked into the log"
     assert "was not written through the configured state backend" not in out + err
 
 
@@ -754,7 +736,7 @@ def test_asset_state_and_deletes_reach_s3(
     dags_folder: Path,
     s3_endpoint: S3Endpoint,
     s3_prefix: str,
-    s3_state_store: str,
+    s3_backend: str,
     reset_state_backends: None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
