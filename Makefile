@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ is needed, this is " + sys.version'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,kubernetes]'
 	@touch $(STAMP)
 
 install: $(STAMP)
