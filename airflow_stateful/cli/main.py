@@ -1,0 +1,342 @@
+"""``airflow-stateful``: inspect, verify, roll back, unlock and clean checkpointed state.
+
+Exit codes scripts can rely on: 0 success; 1 a problem was found (``verify`` saw corruption); 2 bad usage or
+configuration; 3 refused because of a lease (a live writer holds the identity; ``--force`` overrides);
+4 no such identity or checkpoint.
+
+The backend is ``--backend URL``, else ``AIRFLOW__STATEFUL__BACKEND_URL``, else ``[stateful] backend_url`` of
+the Airflow installation. S3 credentials come from boto3's standard chain; ``--endpoint-url`` (or
+``STATEFUL_S3_ENDPOINT_URL``) names an S3-compatible endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow_stateful.cli.output import emit
+from airflow_stateful.core.catalog import list_identities
+from airflow_stateful.core.checkpoint_store import CheckpointStore
+from airflow_stateful.core.errors import (
+    CheckpointCorruptError,
+    CheckpointNotFoundError,
+    ConfigurationError,
+    FencedError,
+    LeaseHeldError,
+    StatefulError,
+)
+from airflow_stateful.core.gc import collect_garbage
+from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.records import WriterInfo
+from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.core.stores.registry import store_from_url
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_LEASE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
+
+
+def resolve_backend(url: str | None) -> str:
+    if url:
+        return url
+    if os.environ.get("AIRFLOW__STATEFUL__BACKEND_URL"):
+        return os.environ["AIRFLOW__STATEFUL__BACKEND_URL"]
+    try:
+        from airflow_stateful.config import StatefulSettings
+    except ImportError:  # pragma: no cover - Airflow is a dependency of the package
+        raise ConfigurationError("no backend: pass --backend s3://bucket/prefix or file:///path") from None
+    return StatefulSettings.load().backend_url
+
+
+def open_store(args: argparse.Namespace) -> ObjectStore:
+    url = resolve_backend(args.backend)
+    endpoint = args.endpoint_url or os.environ.get("STATEFUL_S3_ENDPOINT_URL")
+    options: dict[str, Any] = {"endpoint_url": endpoint} if endpoint and url.startswith("s3://") else {}
+    return store_from_url(url, **options)
+
+
+def checkpoints_of(store: ObjectStore, key: str) -> CheckpointStore:
+    cs = CheckpointStore(store=store, identity=Identity.parse(key))
+    if cs.head() is None:
+        raise CheckpointNotFoundError(f"identity {key!r} has no state in {store.url}")
+    return cs
+
+
+def _cmd_ls(args: argparse.Namespace, store: ObjectStore) -> int:
+    rows = []
+    for identity, _ in list_identities(store, args.prefix or ""):
+        head = CheckpointStore(store=store, identity=identity).head()
+        if head is None:
+            continue
+        latest = head.latest
+        lease = head.lease
+        rows.append(
+            {
+                "identity": identity.key,
+                "seq": latest.seq if latest else None,
+                "kept": len(head.checkpoints),
+                "bytes": latest.total_size if latest else 0,
+                "epoch": head.epoch,
+                "lease": lease.holder.describe() if lease else None,
+                "updated": head.updated_at,
+            }
+        )
+    emit(rows, ["identity", "seq", "kept", "bytes", "epoch", "lease", "updated"], as_json=args.json)
+    return EXIT_OK
+
+
+def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
+    cs = checkpoints_of(store, args.identity)
+    head = cs.head()
+    assert head is not None
+    latest = cs.latest()
+    lease = head.lease
+    info = {
+        "identity": cs.identity.key,
+        "store": store.url,
+        "epoch": head.epoch,
+        "lease": None
+        if lease is None
+        else {
+            "holder": lease.holder.to_json(),
+            "epoch": lease.epoch,
+            "acquired_at": lease.acquired_at,
+            "expires_at": lease.expires_at,
+        },
+        "kept": [e.seq for e in reversed(head.checkpoints)],
+        "latest": None
+        if latest is None
+        else {
+            "seq": latest.seq,
+            "created_at": latest.created_at,
+            "schema_version": latest.schema_version,
+            "writer": latest.writer.to_json(),
+            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in latest.files],
+            "value": latest.value if latest.value_codec == "json" else f"<{latest.value_codec}>",
+        },
+    }
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        for field in ("identity", "store", "epoch", "lease", "kept"):
+            print(f"{field + ':':<10} {info[field] if info[field] is not None else '-'}")
+        if latest is not None:
+            print(
+                f"latest:    checkpoint {latest.seq} by {latest.writer.describe()} at {latest.created_at}, "
+                f"schema {latest.schema_version}, {len(latest.files)} file(s)"
+            )
+            print(f"value:     {json.dumps(info['latest']['value'], default=str)[:200]}")  # type: ignore[index]
+    return EXIT_OK
+
+
+def _cmd_history(args: argparse.Namespace, store: ObjectStore) -> int:
+    cs = checkpoints_of(store, args.identity)
+    rows = []
+    for entry in cs.history():
+        writer = cs.get(entry.seq).writer
+        rows.append(
+            {
+                "seq": entry.seq,
+                "created_at": entry.created_at,
+                "schema": entry.schema_version,
+                "epoch": entry.epoch,
+                "files": entry.file_count,
+                "bytes": entry.total_size,
+                "writer": writer.describe(),
+            }
+        )
+    emit(rows, ["seq", "created_at", "schema", "epoch", "files", "bytes", "writer"], as_json=args.json)
+    return EXIT_OK
+
+
+def _cmd_cat(args: argparse.Namespace, store: ObjectStore) -> int:
+    cs = checkpoints_of(store, args.identity)
+    manifest = cs.get(args.seq) if args.seq is not None else cs.latest()
+    if manifest is None:
+        raise CheckpointNotFoundError(f"identity {args.identity!r} has no checkpoint yet")
+    print(json.dumps(manifest.value, indent=2, default=str))
+    if args.files:
+        restored = cs.restore_files(manifest, args.files)
+        print(
+            f"restored {len(restored)} file(s) of checkpoint {manifest.seq} into {args.files}",
+            file=sys.stderr,
+        )
+    return EXIT_OK
+
+
+def _cmd_rollback(args: argparse.Namespace, store: ObjectStore) -> int:
+    cs = checkpoints_of(store, args.identity)
+    target = cs.get(args.to)
+    lease = cs.acquire(holder=WriterInfo.current(task_id="airflow-stateful rollback"), steal=args.force)
+    try:
+        new = cs.commit(
+            lease,
+            target.value,
+            schema_version=target.schema_version,
+            value_codec=target.value_codec,
+            keep_files_from=target,
+            extra={**target.extra, "rolled_back_from": target.seq},
+        )
+    finally:
+        cs.release(lease)
+    emit(
+        [{"identity": cs.identity.key, "seq": new.seq, "copy_of": target.seq}],
+        ["identity", "seq", "copy_of"],
+        as_json=args.json,
+    )
+    return EXIT_OK
+
+
+def _cmd_unlock(args: argparse.Namespace, store: ObjectStore) -> int:
+    cs = checkpoints_of(store, args.identity)
+    head = cs.head()
+    assert head is not None
+    if head.lease is not None and not head.lease.expired(cs.clock()) and not args.force:
+        raise LeaseHeldError(
+            f"{cs.identity} is leased by {head.lease.holder.describe()} until {head.lease.expires_at}; "
+            "breaking a live lease fences that writer: pass --force if it is really gone."
+        )
+    after = cs.break_lease()
+    assert after is not None
+    emit(
+        [{"identity": cs.identity.key, "epoch": after.epoch, "lease": None}],
+        ["identity", "epoch", "lease"],
+        as_json=args.json,
+    )
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace, store: ObjectStore) -> int:
+    keys = [i.key for i, _ in list_identities(store)] if args.all else [args.identity]
+    if not keys:
+        raise CheckpointNotFoundError(f"no identity in {store.url}")
+    rows, bad = [], 0
+    with tempfile.TemporaryDirectory(prefix="stateful-verify-") as scratch:
+        for key in keys:
+            cs = checkpoints_of(store, key)
+            for entry in cs.history():
+                status = "ok"
+                try:
+                    manifest = cs.get(entry.seq)
+                    for f in manifest.files:  # download and hash every byte, then throw it away
+                        dest = Path(scratch) / "f"
+                        store.download_file(f.key, dest, size=f.size, sha256=f.sha256)
+                        dest.unlink()
+                except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
+                    status, bad = f"CORRUPT: {exc}", bad + 1
+                rows.append({"identity": key, "seq": entry.seq, "files": entry.file_count, "status": status})
+    emit(rows, ["identity", "seq", "files", "status"], as_json=args.json)
+    return EXIT_PROBLEM if bad else EXIT_OK
+
+
+def _cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
+    rows = []
+    for identity, _ in list_identities(store, args.prefix or ""):
+        report = collect_garbage(
+            CheckpointStore(store=store, identity=identity), min_age=args.min_age, dry_run=args.dry_run
+        )
+        if report.deleted or report.skipped_reason:
+            rows.append(
+                {
+                    "identity": identity.key,
+                    "objects": len(report.deleted),
+                    "bytes": report.bytes,
+                    "action": "skipped: " + report.skipped_reason
+                    if report.skipped_reason
+                    else ("would delete" if args.dry_run else "deleted"),
+                }
+            )
+    emit(rows, ["identity", "objects", "bytes", "action"], as_json=args.json)
+    return EXIT_OK
+
+
+def _duration(text: str) -> timedelta:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return (
+            timedelta(seconds=float(text[:-1]) * units[text[-1]])
+            if text[-1] in units
+            else timedelta(seconds=float(text))
+        )
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30m, 12h, 30d)") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--backend", help="s3://bucket/prefix or file:///path (default: [stateful] backend_url)"
+    )
+    common.add_argument("--endpoint-url", help="S3-compatible endpoint (default: STATEFUL_S3_ENDPOINT_URL)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser = argparse.ArgumentParser(
+        prog="airflow-stateful", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="verb", required=True)
+    p = sub.add_parser("ls", parents=[common], help="list identities")
+    p.add_argument("prefix", nargs="?")
+    p.set_defaults(run=_cmd_ls)
+    for name, fn, text in (
+        ("show", _cmd_show, "an identity's head and latest checkpoint"),
+        ("history", _cmd_history, "kept checkpoints"),
+    ):
+        p = sub.add_parser(name, parents=[common], help=text)
+        p.add_argument("identity")
+        p.set_defaults(run=fn)
+    p = sub.add_parser("cat", parents=[common], help="print a checkpoint's value (and restore its files)")
+    p.add_argument("identity")
+    p.add_argument("--seq", type=int)
+    p.add_argument("--files", type=Path, metavar="DEST")
+    p.set_defaults(run=_cmd_cat)
+    p = sub.add_parser(
+        "rollback", parents=[common], help="commit a copy of an older checkpoint as the newest"
+    )
+    p.add_argument("identity")
+    p.add_argument("--to", type=int, required=True, metavar="SEQ")
+    p.add_argument("--force", action="store_true", help="take the lease from a live writer (fencing it)")
+    p.set_defaults(run=_cmd_rollback)
+    p = sub.add_parser("unlock", parents=[common], help="break an identity's lease (fences its holder)")
+    p.add_argument("identity")
+    p.add_argument("--force", action="store_true", help="break a lease that has not expired")
+    p.set_defaults(run=_cmd_unlock)
+    p = sub.add_parser("verify", parents=[common], help="re-check every checksum (report, never repair)")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("identity", nargs="?")
+    target.add_argument("--all", action="store_true")
+    p.set_defaults(run=_cmd_verify)
+    p = sub.add_parser("gc", parents=[common], help="delete objects left by crashed or fenced commits")
+    p.add_argument("prefix", nargs="?")
+    p.add_argument(
+        "--min-age", type=_duration, default=timedelta(hours=1), help="leave younger objects (default 1h)"
+    )
+    p.add_argument("--dry-run", action="store_true")
+    p.set_defaults(run=_cmd_gc)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    run: Callable[[argparse.Namespace, ObjectStore], int] = args.run
+    try:
+        store = open_store(args)
+        try:
+            return run(args, store)
+        finally:
+            store.close()
+    except CheckpointNotFoundError as exc:
+        print(f"airflow-stateful: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    except (LeaseHeldError, FencedError) as exc:
+        print(f"airflow-stateful: {exc}", file=sys.stderr)
+        return EXIT_LEASE
+    except (ConfigurationError, ValueError) as exc:
+        print(f"airflow-stateful: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StatefulError as exc:
+        print(f"airflow-stateful: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM
