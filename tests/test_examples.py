@@ -67,6 +67,7 @@ EXAMPLES = {
     "upgrade_with_migration": ["upgrade_with_migration", "upgrade_with_migration_migration"],
     "task_state_store": ["task_state_store"],
     "checkpoint_sensor": ["checkpoint_sensor", "lease_released_sensor"],
+    "kubernetes_training": ["kubernetes_training_wrapped", "kubernetes_training_sidecar"],
 }
 
 

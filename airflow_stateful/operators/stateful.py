@@ -46,7 +46,7 @@ ON_INCOMPATIBLE = ("fail", "restart")
 ON_SUCCESS = ("keep", "delete")
 
 
-def _check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
+def check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
     if value not in choices:
         raise InvalidValueError(f"{name} must be one of {', '.join(map(repr, choices))}, not {value!r}")
 
@@ -93,9 +93,9 @@ class StatefulOperator(BaseOperator):
         # Everything that is not templated is checked now, when the DAG is parsed.
         self.migrations = validate_schema(schema_version, migrations)
         self.schema_version = schema_version
-        _check_choice("on_incompatible", on_incompatible, ON_INCOMPATIBLE)
-        _check_choice("on_success", on_success, ON_SUCCESS)
-        _check_choice("value_codec", value_codec, CODECS)
+        check_choice("on_incompatible", on_incompatible, ON_INCOMPATIBLE)
+        check_choice("on_success", on_success, ON_SUCCESS)
+        check_choice("value_codec", value_codec, CODECS)
         if checkpoint_every is not None and (
             isinstance(checkpoint_every, bool)
             or not isinstance(checkpoint_every, int)
@@ -193,57 +193,86 @@ class StatefulOperator(BaseOperator):
 
     # -- opening the state ---------------------------------------------------------------------------------
     def _open_state(self, checkpoints: CheckpointStore, lease: Lease, writer: WriterInfo) -> TaskState:
-        latest = checkpoints.latest()
-        state_args: dict[str, Any] = {
-            "checkpoints": checkpoints,
-            "lease": lease,
-            "writer": writer,
-            "schema_version": self.schema_version,
-            "value_codec": self.value_codec,
-            "checkpoint_every": self.checkpoint_every,
-            "checkpoint_interval": self.checkpoint_interval,
-        }
-        if latest is None:
-            log.info("no checkpoint for %s yet: starting fresh", checkpoints.identity)
-            return TaskState(**state_args)
-        value = decode_value(
-            latest.value, latest.value_codec, allowed=self.value_codec, where=f"checkpoint {latest.seq}"
+        return open_task_state(
+            checkpoints,
+            lease,
+            writer,
+            schema_version=self.schema_version,
+            migrations=self.migrations,
+            on_incompatible=self.on_incompatible,
+            value_codec=self.value_codec,
+            checkpoint_every=self.checkpoint_every,
+            checkpoint_interval=self.checkpoint_interval,
         )
-        origin = self._describe(latest)
-        try:
-            migration_path(latest.schema_version, self.schema_version, self.migrations)
-        except IncompatibleStateError as exc:
-            if self.on_incompatible == "fail":
-                raise IncompatibleStateError(
-                    f"cannot resume from {origin}: {exc} The checkpoint is untouched."
-                ) from exc
-            log.warning(
-                "%s is incompatible (%s); on_incompatible='restart': starting fresh, it stays in history",
-                origin,
-                exc,
-            )
-            return TaskState(**state_args)
-        if latest.schema_version == self.schema_version:
-            log.info("resuming from %s", origin)
-            return TaskState(**state_args, start=latest, value=value)
-        migrated = migrate(value, latest.schema_version, self.schema_version, self.migrations)
-        state = TaskState(**state_args, start=latest, value=migrated)
-        info = state.save(migrated)  # committed before any user code runs, keeping the files
-        log.info(
-            "resuming from %s, migrated %d -> %d (committed as checkpoint %d)",
-            origin,
-            latest.schema_version,
-            self.schema_version,
-            info.seq,
-        )
-        return state
 
-    @staticmethod
-    def _describe(manifest: Manifest) -> str:
-        writer = manifest.writer
-        parts = [f"try {writer.try_number}" if writer.try_number is not None else writer.describe()]
-        parts.append(f"at {manifest.created_at}")
-        parts.append(f"schema {manifest.schema_version}")
-        if writer.dag_version_id:
-            parts.append(f"dag version {writer.dag_version_id}")
-        return f"checkpoint {manifest.seq} (written by {', '.join(parts)})"
+
+def describe_checkpoint(manifest: Manifest) -> str:
+    """``checkpoint 7 (written by try 2, at ..., schema 1, dag version ...)`` for task logs."""
+    writer = manifest.writer
+    parts = [f"try {writer.try_number}" if writer.try_number is not None else writer.describe()]
+    parts.append(f"at {manifest.created_at}")
+    parts.append(f"schema {manifest.schema_version}")
+    if writer.dag_version_id:
+        parts.append(f"dag version {writer.dag_version_id}")
+    return f"checkpoint {manifest.seq} (written by {', '.join(parts)})"
+
+
+def open_task_state(
+    checkpoints: CheckpointStore,
+    lease: Lease,
+    writer: WriterInfo,
+    *,
+    schema_version: int,
+    migrations: Mapping[int, Callable[[Any], Any]],
+    on_incompatible: str,
+    value_codec: str = JSON,
+    checkpoint_every: int | None = None,
+    checkpoint_interval: timedelta | None = None,
+) -> TaskState:
+    """The upgrade rules shared by every stateful operator: load and verify the latest checkpoint, then
+    resume it, migrate it step by step (committing the migrated value, files kept, before user code runs),
+    or refuse / restart per ``on_incompatible``."""
+    latest = checkpoints.latest()
+    state_args: dict[str, Any] = {
+        "checkpoints": checkpoints,
+        "lease": lease,
+        "writer": writer,
+        "schema_version": schema_version,
+        "value_codec": value_codec,
+        "checkpoint_every": checkpoint_every,
+        "checkpoint_interval": checkpoint_interval,
+    }
+    if latest is None:
+        log.info("no checkpoint for %s yet: starting fresh", checkpoints.identity)
+        return TaskState(**state_args)
+    value = decode_value(
+        latest.value, latest.value_codec, allowed=value_codec, where=f"checkpoint {latest.seq}"
+    )
+    origin = describe_checkpoint(latest)
+    try:
+        migration_path(latest.schema_version, schema_version, migrations)
+    except IncompatibleStateError as exc:
+        if on_incompatible == "fail":
+            raise IncompatibleStateError(
+                f"cannot resume from {origin}: {exc} The checkpoint is untouched."
+            ) from exc
+        log.warning(
+            "%s is incompatible (%s); on_incompatible='restart': starting fresh, it stays in history",
+            origin,
+            exc,
+        )
+        return TaskState(**state_args)
+    if latest.schema_version == schema_version:
+        log.info("resuming from %s", origin)
+        return TaskState(**state_args, start=latest, value=value)
+    migrated = migrate(value, latest.schema_version, schema_version, migrations)
+    state = TaskState(**state_args, start=latest, value=migrated)
+    info = state.save(migrated)  # committed before any user code runs, keeping the files
+    log.info(
+        "resuming from %s, migrated %d -> %d (committed as checkpoint %d)",
+        origin,
+        latest.schema_version,
+        schema_version,
+        info.seq,
+    )
+    return state
