@@ -1,0 +1,429 @@
+"""docker-compose.yaml, Dockerfile and the README's "Try it locally" steps are consistent with the repository.
+
+CI has no Docker engine, so nothing here runs a container. Instead:
+
+* the compose file is validated against ``COMPOSE_SCHEMA``, a hand-written subset of the Compose
+  Specification's JSON schema (https://github.com/compose-spec/compose-spec, ``schema/compose-spec.json``):
+  same top-level and per-service structure, same names for keys, ``additionalProperties: false`` where the
+  spec has it, so a misspelt key or a wrong type fails here as it would in ``docker compose config``. Keys
+  this project does not use are left out of the subset (a new one must be added here, deliberately);
+* every name the file uses is checked: services in ``depends_on``, named volumes, bind-mounted paths, the
+  build context and Dockerfile (and every ``COPY`` source in it), Airflow configuration options given as
+  ``AIRFLOW__SECTION__KEY``, the ``[stateful]`` connection and its MinIO endpoint, the bucket the init
+  service creates, published ports (127.0.0.1 only);
+* the README's commands name services of the compose file and DAGs of ``dags/``;
+* the demo DAG ``killable_batch`` runs with ``dag.test()`` on the embedded default.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = REPO / "docker-compose.yaml"
+AIRFLOW_SERVICES = {
+    "airflow-apiserver": "api-server",
+    "airflow-scheduler": "scheduler",
+    "airflow-dag-processor": "dag-processor",
+    "airflow-triggerer": "triggerer",
+}
+ONE_SHOT = {"airflow-init", "minio-init"}  # run to completion; no health check
+
+_NAME = "^[a-zA-Z0-9._-]+$"
+_STRING_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+_LIST_OR_DICT = {
+    "oneOf": [
+        {
+            "type": "object",
+            "patternProperties": {".+": {"type": ["string", "number", "boolean", "null"]}},
+            "additionalProperties": False,
+        },
+        {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+    ]
+}
+COMPOSE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft-07/schema",
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]*$"},
+        "services": {
+            "type": "object",
+            "patternProperties": {_NAME: {"$ref": "#/definitions/service"}},
+            "additionalProperties": False,
+        },
+        "volumes": {
+            "type": "object",
+            "patternProperties": {_NAME: {"type": ["object", "null"]}},
+            "additionalProperties": False,
+        },
+    },
+    "patternProperties": {"^x-": {}},
+    "additionalProperties": False,
+    "required": ["services"],
+    "definitions": {
+        "service": {
+            "type": "object",
+            "properties": {
+                "build": {
+                    "oneOf": [
+                        {"type": "string"},
+                        {
+                            "type": "object",
+                            "properties": {"context": {"type": "string"}, "dockerfile": {"type": "string"}},
+                            "additionalProperties": False,
+                        },
+                    ]
+                },
+                "image": {"type": "string"},
+                "command": _STRING_OR_LIST,
+                "entrypoint": _STRING_OR_LIST,
+                "environment": _LIST_OR_DICT,
+                "user": {"type": "string"},
+                "restart": {"type": "string", "enum": ["no", "always", "on-failure", "unless-stopped"]},
+                "ports": {"type": "array", "items": {"type": ["string", "number"]}, "uniqueItems": True},
+                "volumes": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                "depends_on": {
+                    "oneOf": [
+                        {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                        {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "patternProperties": {
+                                _NAME: {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "restart": {"type": ["boolean", "string"]},
+                                        "required": {"type": "boolean"},
+                                        "condition": {
+                                            "type": "string",
+                                            "enum": [
+                                                "service_started",
+                                                "service_healthy",
+                                                "service_completed_successfully",
+                                            ],
+                                        },
+                                    },
+                                    "required": ["condition"],
+                                }
+                            },
+                        },
+                    ]
+                },
+                "healthcheck": {
+                    "type": "object",
+                    "properties": {
+                        "disable": {"type": ["boolean", "string"]},
+                        "interval": {"type": "string", "pattern": r"^\d+(ms|s|m|h)$"},
+                        "retries": {"type": ["number", "string"]},
+                        "test": {
+                            "oneOf": [
+                                {"type": "string"},
+                                {
+                                    "type": "array",
+                                    "items": {"type": "string"},
+                                    "minItems": 2,
+                                    "prefixItems": [{"enum": ["CMD", "CMD-SHELL", "NONE"]}],
+                                },
+                            ]
+                        },
+                        "timeout": {"type": "string", "pattern": r"^\d+(ms|s|m|h)$"},
+                        "start_period": {"type": "string", "pattern": r"^\d+(ms|s|m|h)$"},
+                    },
+                    "additionalProperties": False,
+                },
+            },
+            "patternProperties": {"^x-": {}},
+            "additionalProperties": False,
+        }
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    text = COMPOSE_FILE.read_text()
+    # PyYAML's safe loader resolves anchors, aliases and `<<` merge keys as Compose does.
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def command_words(value: str | list[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return shlex.split(value) if isinstance(value, str) else list(value)
+
+
+def test_compose_file_matches_the_compose_schema(compose: dict[str, Any]) -> None:
+    import jsonschema
+
+    jsonschema.Draft202012Validator.check_schema(COMPOSE_SCHEMA)
+    errors = sorted(jsonschema.Draft202012Validator(COMPOSE_SCHEMA).iter_errors(compose), key=str)
+    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
+
+
+def test_the_schema_rejects_what_compose_rejects() -> None:
+    """The subset schema is strict enough to catch typos and wrong types (so the test above can fail)."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(COMPOSE_SCHEMA)
+    good = {"services": {"a": {"image": "x", "depends_on": {"b": {"condition": "service_healthy"}}}}}
+    assert validator.is_valid(good)
+    for bad in (
+        {"services": {"a": {"imag": "x"}}},  # unknown key
+        {"services": {"a": {"image": "x", "depends_on": {"b": {"condition": "healthy"}}}}},
+        {"services": {"a": {"image": "x", "ports": [{"target": 80}]}}},
+        {"services": {"a": {"image": "x", "healthcheck": {"test": ["CURL", "x"]}}}},
+        {"services": {"a b": {"image": "x"}}},
+        {"servics": {}},
+    ):
+        assert not validator.is_valid(bad), bad
+
+
+def test_the_stack_has_the_airflow_components_postgres_and_minio(services: dict[str, Any]) -> None:
+    assert set(services) == {"postgres", "minio", *ONE_SHOT, *AIRFLOW_SERVICES}
+    for name, subcommand in AIRFLOW_SERVICES.items():
+        assert command_words(services[name].get("command")) == [subcommand], name
+        assert env_of(services[name])["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+        assert env_of(services[name])["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith(
+            "postgresql+psycopg2://"
+        )
+    assert command_words(services["airflow-init"]["command"]) == ["db", "migrate"]
+    assert services["postgres"]["image"].startswith("postgres:")
+    assert services["minio"]["image"].startswith("minio/minio")
+    assert services["minio-init"]["image"].startswith("minio/mc")
+
+
+def test_every_service_it_depends_on_exists_and_there_is_no_cycle(services: dict[str, Any]) -> None:
+    graph = {name: set(service.get("depends_on") or ()) for name, service in services.items()}
+    for name, deps in graph.items():
+        assert deps <= set(services), f"{name} depends on unknown services {deps - set(services)}"
+        assert name not in deps
+        for dep in deps:
+            condition = services[name]["depends_on"][dep]["condition"]
+            if condition == "service_healthy":
+                assert "healthcheck" in services[dep], (
+                    f"{name} waits for {dep} to be healthy: it has no check"
+                )
+            if condition == "service_completed_successfully":
+                assert dep in ONE_SHOT, f"{name} waits for {dep} to complete, but it runs forever"
+    done: set[str] = set()
+    while len(done) < len(graph):  # a topological sort: fails on a cycle
+        ready = {n for n, deps in graph.items() if n not in done and deps <= done}
+        assert ready, f"dependency cycle among {set(graph) - done}"
+        done |= ready
+    for name in AIRFLOW_SERVICES:
+        assert "airflow-init" in graph[name] and "postgres" in graph[name] and "minio-init" in graph[name]
+
+
+def test_long_running_services_have_health_checks(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        if name in ONE_SHOT:
+            assert "healthcheck" not in service and service.get("restart", "no") == "no", name
+            continue
+        check = service.get("healthcheck")
+        assert check and check["test"][0] in ("CMD", "CMD-SHELL"), f"{name} has no health check"
+    scheduler_env = env_of(services["airflow-scheduler"])
+    assert scheduler_env["AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK"] == "True", "port 8974 serves /health"
+    for name, job in (("airflow-dag-processor", "DagProcessorJob"), ("airflow-triggerer", "TriggererJob")):
+        assert f"--job-type {job}" in services[name]["healthcheck"]["test"][1]
+
+
+def test_published_ports_are_on_localhost_only(services: dict[str, Any]) -> None:
+    published = {name: service.get("ports", []) for name, service in services.items() if service.get("ports")}
+    assert "127.0.0.1:8080:8080" in published["airflow-apiserver"], "the UI on localhost:8080"
+    for name, ports in published.items():
+        for port in ports:
+            assert isinstance(port, str) and port.startswith("127.0.0.1:"), f"{name} publishes {port!r}"
+
+
+def test_volumes_and_bind_mounts_exist(compose: dict[str, Any], services: dict[str, Any]) -> None:
+    declared = set(compose.get("volumes") or {})
+    used: set[str] = set()
+    for name, service in services.items():
+        for spec in service.get("volumes", []):
+            source, target = spec.split(":")[:2]
+            assert target.startswith("/"), f"{name}: {spec}"
+            if source.startswith((".", "/")):
+                assert (REPO / source).resolve().exists(), f"{name} mounts {source}, which is not in the repo"
+            else:
+                assert source in declared, f"{name} uses volume {source!r}, not declared at the top level"
+                used.add(source)
+    assert declared == used, f"declared but unused volumes: {declared - used}"
+    for name in AIRFLOW_SERVICES:
+        assert "./dags:/opt/airflow/dags" in services[name]["volumes"]
+
+
+def test_the_image_is_built_from_the_checkout(services: dict[str, Any]) -> None:
+    for name in (*AIRFLOW_SERVICES, "airflow-init"):
+        build = services[name]["build"]
+        context = REPO / build["context"]
+        dockerfile = context / build.get("dockerfile", "Dockerfile")
+        assert context.resolve() == REPO and dockerfile.is_file(), name
+    text = (REPO / "Dockerfile").read_text()
+    instructions = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert instructions[0] == "FROM apache/airflow:3.3.2"
+    copied = []
+    for line in instructions:
+        if line.startswith("COPY "):
+            words = [w for w in line.split()[1:] if not w.startswith("--")]
+            copied += words[:-1]
+    for source in copied:
+        assert (REPO / source).exists(), f"the Dockerfile copies {source}, which is not in the repo"
+    # Everything the package build needs is copied: pyproject.toml, the readme it names, the package.
+    assert {"pyproject.toml", "README.md", "airflow_stateful"} <= set(copied)
+    assert re.search(r"^RUN pip install --no-cache-dir .*/opt/airflow/airflow-provider-stateful$", text, re.M)
+
+
+def test_airflow_environment_names_real_options(services: dict[str, Any]) -> None:
+    from airflow.configuration import conf
+
+    from airflow_stateful.config import StatefulSettings
+
+    stateful_options = set(StatefulSettings.__dataclass_fields__)
+    described = conf.configuration_description
+    for name in (*AIRFLOW_SERVICES, "airflow-init"):
+        for key, value in env_of(services[name]).items():
+            assert "${" not in value or ":-" in value, f"{key}: an interpolation without a default"
+            match = re.fullmatch(r"AIRFLOW__([A-Z_]+?)__([A-Z_]+)", key)
+            if not match:
+                continue
+            section, option = match.group(1).lower(), match.group(2).lower()
+            if section == "stateful":
+                assert option in stateful_options, f"{key}: [stateful] has no option {option!r}"
+            else:
+                # The documented options (conf.has_option is False for an option whose default is None).
+                options = described.get(section, {}).get("options", {})
+                assert option in options, f"{key}: Airflow has no option [{section}] {option}"
+
+
+def test_stateful_config_points_at_the_bucket_minio_init_creates(services: dict[str, Any]) -> None:
+    env = env_of(services["airflow-scheduler"])
+    assert env["AIRFLOW__STATEFUL__BACKEND_URL"] == "s3://stateful/airflow"
+    assert env["AIRFLOW__STATEFUL__CONN_ID"] == "minio"
+    conn = json.loads(env["AIRFLOW_CONN_" + env["AIRFLOW__STATEFUL__CONN_ID"].upper()])
+    assert conn["conn_type"] == "aws"
+    endpoint = urlparse(conn["extra"]["endpoint_url"])
+    assert endpoint.hostname in services and endpoint.hostname == "minio" and endpoint.port == 9000
+    minio_env = env_of(services["minio"])
+    assert (conn["login"], conn["password"]) == (
+        minio_env["MINIO_ROOT_USER"],
+        minio_env["MINIO_ROOT_PASSWORD"],
+    )
+    init = " ".join(command_words(services["minio-init"].get("command")))
+    alias = re.search(r"mc alias set (\S+) (\S+) (\S+) (\S+)", init)
+    assert alias, init
+    assert alias.group(2) == conn["extra"]["endpoint_url"]
+    assert (alias.group(3), alias.group(4)) == (conn["login"], conn["password"])
+    bucket = urlparse(env["AIRFLOW__STATEFUL__BACKEND_URL"]).netloc
+    assert f"mc mb --ignore-existing {alias.group(1)}/{bucket}" in init
+    # The connection parses as Airflow parses AIRFLOW_CONN_* and the hook reads the endpoint from it.
+    from airflow.models.connection import Connection
+
+    parsed = Connection(conn_id="minio", **{k: v for k, v in conn.items() if k != "extra"})
+    assert parsed.conn_type == "aws"
+
+
+def test_every_airflow_component_shares_config_and_the_execution_api_url(services: dict[str, Any]) -> None:
+    envs = [env_of(services[name]) for name in (*AIRFLOW_SERVICES, "airflow-init")]
+    assert all(env == envs[0] for env in envs), "Airflow components must share one configuration"
+    url = urlparse(envs[0]["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
+    assert url.hostname == "airflow-apiserver" and url.hostname in services
+    assert url.port == 8080 and url.path == "/execution/"
+    assert envs[0]["AIRFLOW__API_AUTH__JWT_SECRET"], "one fixed JWT secret, or task tokens fail validation"
+
+
+# -- the README's "Try it locally" --------------------------------------------------------------------------
+def try_it_locally() -> str:
+    readme = (REPO / "README.md").read_text()
+    match = re.search(r"^## Try it locally\n(.*?)(?=^## )", readme, re.M | re.S)
+    assert match, "README.md has no '## Try it locally' section"
+    configure = readme.index("## Configure")
+    following = readme.index("## ", configure + 1)
+    assert readme.index("## Try it locally") == following, "'Try it locally' comes right after 'Configure'"
+    return match.group(1)
+
+
+def dag_ids_in_dags_folder() -> set[str]:
+    return {
+        m.group(1)
+        for path in (REPO / "dags").glob("*.py")
+        for m in re.finditer(r'dag_id="([^"]+)"', path.read_text())
+    }
+
+
+def test_readme_commands_name_real_services_and_dags(services: dict[str, Any]) -> None:
+    section = try_it_locally()
+    commands = [
+        line.split("#")[0].strip() for line in section.splitlines() if line.startswith("docker compose")
+    ]
+    assert any(c.startswith("docker compose up") for c in commands)
+    dag_ids = dag_ids_in_dags_folder()
+    triggered = []
+    for command in commands:
+        words = shlex.split(command)
+        if words[2] in ("exec", "logs", "run"):
+            service = next(w for w in words[3:] if not w.startswith("-"))
+            assert service in services, f"README: `{command}` names no service of docker-compose.yaml"
+        if "trigger" in words:
+            dag_id = words[words.index("trigger") + 1]
+            assert dag_id in dag_ids, f"README triggers {dag_id!r}, which is not a DAG in dags/"
+            if "--conf" in words:
+                conf = json.loads(words[words.index("--conf") + 1])
+                params = killable_batch_params() if dag_id == "killable_batch" else {}
+                assert set(conf) <= set(params), f"README passes unknown params {set(conf) - set(params)}"
+            triggered.append(dag_id)
+    assert "killable_batch" in triggered
+
+
+def killable_batch_params() -> dict[str, Any]:
+    text = (REPO / "dags" / "killable_batch.py").read_text()
+    match = re.search(r"params=(\{[^}]*\})", text)
+    assert match
+    return dict(json.loads(match.group(1).replace("'", '"')))
+
+
+# -- the demo DAG -------------------------------------------------------------------------------------------
+@pytest.mark.airflow
+def test_killable_batch_runs_to_the_end_when_nobody_kills_it(
+    airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dag_helpers import ledger_by_try, load_dag_module
+
+    monkeypatch.setenv("STATEFUL_DEMO_LEDGER", str(tmp_path / "ledger.csv"))
+    monkeypatch.setenv("STATEFUL_DEMO_PIDFILE", str(tmp_path / "pids.csv"))
+    monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", (tmp_path / "state").as_uri())
+    module = load_dag_module(REPO / "dags" / "killable_batch.py")
+    run = module.dag_object.test(run_conf={"item_seconds": 0.0})
+    assert run.state == "success"
+    assert ledger_by_try(tmp_path / "ledger.csv") == {1: list(range(module.ITEMS))}
+    import os
+
+    assert (tmp_path / "pids.csv").read_text() == f"1,{os.getpid()}\n", "dag.test() runs the task in-process"
+    from airflow_stateful.core import CheckpointStore, Identity, store_from_url
+
+    identity = Identity.for_task(dag_id="killable_batch", task_id="crunch", run_id=run.run_id)
+    latest = CheckpointStore(store=store_from_url((tmp_path / "state").as_uri()), identity=identity).latest()
+    assert latest is not None and latest.value == {"total": sum(i * i for i in range(module.ITEMS))}
+    assert latest.extra["cursors"] == {"items": module.ITEMS}

@@ -1,0 +1,383 @@
+"""End to end: a real Airflow stack on loopback; the task process is SIGKILLed part-way and the retry resumes.
+
+The stack is the one a deployment runs, as subprocesses: ``api-server`` (bound to 127.0.0.1 on a free port),
+``scheduler`` (LocalExecutor), ``dag-processor`` and ``triggerer``, on SQLite in a temporary AIRFLOW_HOME, with
+moto's S3 server as the checkpoint store, reached through an Airflow connection given by environment. The DAG
+is ``dags/killable_batch.py`` (copied into a temporary DAG folder): it writes its pid on each try and a ledger
+row per handled item. The test waits until try 1 committed a checkpoint past item 30, SIGKILLs the task
+process (a descendant of the scheduler), and checks that try 2 starts at the last checkpoint's cursor and that
+the run succeeds with the right result.
+
+Every process is started with an explicit environment (not the pytest process's, which conftest changed) in
+its own process group, and every one, with all descendants, is killed at teardown; the test then checks that
+no process using its AIRFLOW_HOME is left. About a minute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer, free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+psutil = pytest.importorskip("psutil")
+
+REPO = Path(__file__).resolve().parent.parent
+DAG_ID = "killable_batch"
+TASK_ID = "crunch"
+ITEMS = 100
+ITEM_SECONDS = 0.25
+KILL_AFTER_CURSOR = 30  # SIGKILL once try 1 has committed a checkpoint at or past this cursor
+BUCKET = "stateful-e2e"
+PREFIX = "airflow"
+REGION = "us-east-1"
+CONN_ID = "stateful_e2e"
+JWT_SECRET = "e2e-test-jwt-secret-not-a-real-secret"
+
+T = TypeVar("T")
+
+
+@dataclass
+class Component:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class Stack:
+    home: Path
+    env: dict[str, str]
+    port: int
+    logs: Path
+    components: list[Component] = field(default_factory=list)
+    seen_pids: set[int] = field(default_factory=set)
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v2"
+
+    # -- processes -----------------------------------------------------------------------------------------
+    def start(self, name: str, *args: str) -> Component:
+        log = self.logs / f"{name}.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "airflow", *args],
+                env=self.env,
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: teardown kills the whole group
+            )
+        component = Component(name, process, log)
+        self.components.append(component)
+        self.seen_pids.add(process.pid)
+        return component
+
+    def run_cli(self, name: str, *args: str, timeout: float = 120) -> None:
+        log = self.logs / f"{name}.log"
+        with open(log, "wb") as out:
+            result = subprocess.run(
+                [sys.executable, "-m", "airflow", *args],
+                env=self.env,
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                start_new_session=True,
+            )
+        if result.returncode != 0:
+            pytest.fail(f"`airflow {' '.join(args)}` exited with {result.returncode}\n{tail(log, 60)}")
+
+    def remember_descendants(self) -> None:
+        """Record every descendant seen so far: teardown kills them even if their parent died first."""
+        for component in self.components:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(component.process.pid).children(recursive=True):
+                    self.seen_pids.add(child.pid)
+
+    def check_alive(self) -> None:
+        for component in self.components:
+            if component.process.poll() is not None:
+                pytest.fail(
+                    f"{component.name} exited with code {component.process.returncode}\n{self.diagnostics()}"
+                )
+
+    def stop(self) -> None:
+        self.remember_descendants()
+        procs: list[Any] = []
+        for pid in self.seen_pids:
+            with contextlib.suppress(psutil.Error):
+                procs.append(psutil.Process(pid))
+        for component in self.components:  # SIGTERM to each group first: a clean shutdown if it is quick
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(component.process.pid, signal.SIGTERM)
+        _, alive = psutil.wait_procs(procs, timeout=10)
+        for component in self.components:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(component.process.pid, signal.SIGKILL)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=10)
+        for component in self.components:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                component.process.wait(timeout=10)
+
+    def leftovers(self) -> list[str]:
+        """Processes still running that belong to this stack (by pid, or by AIRFLOW_HOME in their env)."""
+        left = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if proc.pid == os.getpid():
+                    continue
+                ours = proc.pid in self.seen_pids and proc.status() != psutil.STATUS_ZOMBIE
+                if not ours:
+                    ours = proc.environ().get("AIRFLOW_HOME") == str(self.home)
+                if ours:
+                    left.append(f"{proc.pid}: {' '.join(proc.info['cmdline'] or [])}")
+        return left
+
+    # -- REST API ------------------------------------------------------------------------------------------
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.api + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as response:
+            return json.loads(response.read() or b"null")
+
+    # -- diagnostics ---------------------------------------------------------------------------------------
+    def diagnostics(self) -> str:
+        parts = [f"--- {c.name} (exit {c.process.poll()}) ---\n{tail(c.log, 40)}" for c in self.components]
+        for task_log in sorted((self.home / "logs").rglob("*.log"))[-3:]:
+            parts.append(f"--- task log {task_log.relative_to(self.home)} ---\n{tail(task_log, 40)}")
+        for name in ("ledger.csv", "pids.csv"):
+            if (self.home / name).exists():
+                parts.append(f"--- {name} ---\n{tail(self.home / name, 10)}")
+        return "\n".join(parts)
+
+
+def tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(cannot read {path}: {exc})"
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], *, timeout: float, stack: Stack, interval: float = 0.5
+) -> T:
+    """Poll ``probe`` until it returns something other than None (exceptions count as not yet)."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        stack.remember_descendants()
+        try:
+            value = probe()
+        except Exception as exc:
+            last_error, value = exc, None
+        if value is not None:
+            return value
+        time.sleep(interval)
+    pytest.fail(
+        f"timed out after {timeout:.0f} s waiting for {what} (last error: {last_error!r})\n"
+        f"{stack.diagnostics()}"
+    )
+
+
+def stack_env(home: Path, dags: Path, port: int, endpoint_url: str) -> dict[str, str]:
+    """The whole environment of every Airflow process: nothing is inherited from pytest but PATH and locale."""
+    conn = {
+        "conn_type": "aws",
+        "login": DUMMY_ACCESS_KEY,
+        "password": DUMMY_SECRET_KEY,
+        "extra": {"endpoint_url": endpoint_url, "region_name": REGION},
+    }
+    env = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "TZ") if key in os.environ}
+    env.update(
+        HOME=str(home),
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+        AIRFLOW__CORE__PARALLELISM="4",
+        AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",  # loopback only: the REST API needs no login
+        AIRFLOW__API__HOST="127.0.0.1",
+        AIRFLOW__API__PORT=str(port),
+        AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
+        AIRFLOW__API_AUTH__JWT_SECRET=JWT_SECRET,
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+        AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
+        AIRFLOW__STATEFUL__BACKEND_URL=f"s3://{BUCKET}/{PREFIX}",
+        AIRFLOW__STATEFUL__CONN_ID=CONN_ID,
+        **{f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn)},
+        STATEFUL_DEMO_LEDGER=str(home / "ledger.csv"),
+        STATEFUL_DEMO_PIDFILE=str(home / "pids.csv"),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def rows(path: Path) -> list[tuple[int, int]]:
+    if not path.exists():
+        return []
+    return [(int(a), int(b)) for a, b in (line.split(",") for line in path.read_text().split())]
+
+
+@pytest.fixture
+def moto() -> Iterator[MotoServer]:
+    import boto3
+
+    with MotoServer.start() as server:
+        boto3.client(
+            "s3",
+            endpoint_url=server.endpoint_url,
+            region_name=REGION,
+            aws_access_key_id=DUMMY_ACCESS_KEY,
+            aws_secret_access_key=DUMMY_SECRET_KEY,
+        ).create_bucket(Bucket=BUCKET)
+        yield server
+
+
+@pytest.fixture
+def stack(tmp_path: Path, moto: MotoServer) -> Iterator[Stack]:
+    home = tmp_path / "home"
+    dags = tmp_path / "dags"
+    logs = tmp_path / "component-logs"
+    for d in (home, dags, logs):
+        d.mkdir()
+    shutil.copy(REPO / "dags" / f"{DAG_ID}.py", dags)
+    port = free_port()
+    stack = Stack(home=home, env=stack_env(home, dags, port, moto.endpoint_url), port=port, logs=logs)
+    try:
+        stack.run_cli("db-migrate", "db", "migrate")
+        stack.start("api-server", "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1")
+        stack.start("scheduler", "scheduler", "--skip-serve-logs")
+        stack.start("dag-processor", "dag-processor")
+        stack.start("triggerer", "triggerer", "--skip-serve-logs")
+        yield stack
+    finally:
+        stack.stop()
+        left = stack.leftovers()
+        assert not left, "processes of the stack are still running after teardown:\n" + "\n".join(left)
+
+
+def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack, moto: MotoServer) -> None:
+    from airflow_stateful.core import CheckpointStore, Identity
+    from airflow_stateful.core.stores.s3 import S3ObjectStore
+
+    t0 = time.monotonic()
+    wait_for("the api-server to answer", lambda: stack.request("GET", "/version"), timeout=120, stack=stack)
+    wait_for(
+        f"the dag-processor to parse {DAG_ID}",
+        lambda: stack.request("GET", f"/dags/{DAG_ID}"),
+        timeout=120,
+        stack=stack,
+    )
+    stack.request("PATCH", f"/dags/{DAG_ID}", {"is_paused": False})
+    run = stack.request(
+        "POST", f"/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": {"item_seconds": ITEM_SECONDS}}
+    )
+    run_id = run["dag_run_id"]
+    run_path = f"/dags/{DAG_ID}/dagRuns/{run_id}"
+
+    store = S3ObjectStore(
+        bucket=BUCKET,
+        prefix=PREFIX,
+        endpoint_url=moto.endpoint_url,
+        region_name=REGION,
+        aws_access_key_id=DUMMY_ACCESS_KEY,
+        aws_secret_access_key=DUMMY_SECRET_KEY,
+    )
+    checkpoints = CheckpointStore(
+        store=store, identity=Identity.for_task(dag_id=DAG_ID, task_id=TASK_ID, run_id=run_id)
+    )
+
+    def cursor_of_try_1() -> int | None:
+        latest = checkpoints.latest()
+        if latest is None or latest.writer.try_number != 1:
+            return None
+        cursor = int(latest.extra["cursors"]["items"])
+        return cursor if cursor >= KILL_AFTER_CURSOR else None
+
+    wait_for(
+        f"try 1 to commit a checkpoint at cursor >= {KILL_AFTER_CURSOR}",
+        cursor_of_try_1,
+        timeout=180,
+        stack=stack,
+    )
+
+    # The task process: the pid try 1 wrote, which must be a descendant of the scheduler (LocalExecutor).
+    pids = dict(rows(stack.home / "pids.csv"))
+    assert 1 in pids, f"try 1 wrote no pid file row\n{stack.diagnostics()}"
+    task = psutil.Process(pids[1])
+    scheduler = next(c for c in stack.components if c.name == "scheduler")
+    assert scheduler.process.pid in [p.pid for p in task.parents()], (
+        f"pid {task.pid} ({task.cmdline()}) is not a descendant of the scheduler {scheduler.process.pid}"
+    )
+    stack.remember_descendants()
+    task.send_signal(signal.SIGKILL)
+    task.wait(timeout=10)  # reaped by its parent (the task supervisor), or gone
+    # Nothing of try 1 can commit any more: this is the checkpoint try 2 must resume from.
+    after_kill = checkpoints.latest()
+    assert after_kill is not None and after_kill.writer.try_number == 1, (
+        f"the latest checkpoint right after the kill is not try 1's: {after_kill}"
+    )
+    resume_cursor = int(after_kill.extra["cursors"]["items"])
+    assert KILL_AFTER_CURSOR <= resume_cursor < ITEMS, f"killed too late: cursor {resume_cursor}"
+
+    def finished_run() -> dict[str, Any] | None:
+        state = stack.request("GET", run_path)["state"]
+        if state == "failed":
+            pytest.fail(f"the DAG run failed\n{stack.diagnostics()}")
+        return {"state": state} if state == "success" else None
+
+    wait_for("the DAG run to succeed", finished_run, timeout=240, stack=stack, interval=1)
+
+    ti = stack.request("GET", f"{run_path}/taskInstances/{TASK_ID}")
+    assert ti["state"] == "success" and ti["try_number"] == 2, (
+        f"expected success on try 2 (SIGKILL uses a try): {ti}"
+    )
+    tries: dict[int, list[int]] = {}
+    for try_number, item in rows(stack.home / "ledger.csv"):
+        tries.setdefault(try_number, []).append(item)
+    assert sorted(tries) == [1, 2], f"ledger shows tries {sorted(tries)}"
+    killed_at = tries[1][-1]
+    assert tries[1] == list(range(killed_at + 1)), "try 1 handled items 0..k in order until it was killed"
+    assert resume_cursor <= killed_at + 1, "the checkpoint cannot be ahead of the work"
+    assert tries[2] == list(range(resume_cursor, ITEMS)), (
+        f"try 2 must resume at the last checkpoint's cursor {resume_cursor}, not at {tries[2][:1]}"
+    )
+
+    expected = {"total": sum(i * i for i in range(ITEMS))}  # items redone by try 2 are not counted twice
+    xcom = stack.request("GET", f"{run_path}/taskInstances/{TASK_ID}/xcomEntries/return_value")
+    value = xcom["value"]
+    assert (json.loads(value) if isinstance(value, str) else value) == expected
+    final = checkpoints.latest()
+    assert final is not None and final.value == expected and final.extra["cursors"] == {"items": ITEMS}
+    assert final.writer.try_number == 2
+    print(
+        f"e2e: killed try 1 after item {killed_at}, try 2 resumed at {resume_cursor}; "
+        f"{time.monotonic() - t0:.0f} s after the stack started"
+    )
