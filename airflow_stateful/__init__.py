@@ -19,6 +19,7 @@ _LAZY = {
     "TaskState": "airflow_stateful.task_state",
     "CheckpointInfo": "airflow_stateful.task_state",
     "StateHook": "airflow_stateful.hooks.state",
+    "StatefulGCOperator": "airflow_stateful.operators.gc",
     "S3StateStoreBackend": "airflow_stateful.state_store",
     "StatefulError": "airflow_stateful.core.errors",
     "FencedError": "airflow_stateful.core.errors",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -32,11 +33,15 @@ from airflow_stateful.core.errors import (
     LeaseHeldError,
     StatefulError,
 )
-from airflow_stateful.core.gc import collect_garbage
 from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.item_progress import ItemProgress
 from airflow_stateful.core.records import WriterInfo
+from airflow_stateful.core.retention_gc import apply_gc, group_by_identity, plan_gc
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.registry import store_from_url
+from airflow_stateful.core.usage import DEFAULT_PRICE_PER_GB_MONTH, GB, disk_usage
+
+_log = logging.getLogger("airflow_stateful")
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_LEASE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 
@@ -216,8 +221,10 @@ def _cmd_verify(args: argparse.Namespace, store: ObjectStore) -> int:
     if not keys:
         raise CheckpointNotFoundError(f"no identity in {store.url}")
     rows, bad = [], 0
+    bar = _progress("verify", len(keys))
     with tempfile.TemporaryDirectory(prefix="stateful-verify-") as scratch:
         for key in keys:
+            bar()
             cs = checkpoints_of(store, key)
             for entry in cs.history():
                 status = "ok"
@@ -230,28 +237,95 @@ def _cmd_verify(args: argparse.Namespace, store: ObjectStore) -> int:
                 except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
                     status, bad = f"CORRUPT: {exc}", bad + 1
                 rows.append({"identity": key, "seq": entry.seq, "files": entry.file_count, "status": status})
+    bar.finish()
     emit(rows, ["identity", "seq", "files", "status"], as_json=args.json)
     return EXIT_PROBLEM if bad else EXIT_OK
 
 
+def _progress(label: str, total: int) -> ItemProgress:
+    return ItemProgress(label=label, total=total, logger=_log)
+
+
 def _cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
+    """Plan, then (unless ``--dry-run``) apply: both print the same rows for an unchanged store."""
+    groups = group_by_identity(store, args.prefix or "")
+    bar = _progress("gc: planning", len(groups))
+    plan = plan_gc(
+        store,
+        idle_for=args.idle_for,
+        keep_last=args.keep_last,
+        min_age=args.min_age,
+        prefix=args.prefix or "",
+        progress=bar,
+        groups=groups,
+    )
+    bar.finish()
+    skipped: dict[str, str] = {}
+    if not args.dry_run:
+        bar = _progress("gc: deleting", len(plan.identities))
+        skipped = apply_gc(plan, progress=bar).skipped
+        bar.finish()
     rows = []
-    for identity, _ in list_identities(store, args.prefix or ""):
-        report = collect_garbage(
-            CheckpointStore(store=store, identity=identity), min_age=args.min_age, dry_run=args.dry_run
+    for item in plan.identities:
+        if item.skipped or item.identity in skipped:
+            action = "skipped: " + (item.skipped or skipped[item.identity])
+        else:
+            action = "would delete" if args.dry_run else "deleted"
+        rows.append(
+            {
+                "identity": item.identity,
+                "reasons": ",".join(item.reasons) or None,
+                "objects": len(item.keys),
+                "bytes": item.bytes,
+                "action": action,
+                "keys": item.keys,
+            }
         )
-        if report.deleted or report.skipped_reason:
-            rows.append(
-                {
-                    "identity": identity.key,
-                    "objects": len(report.deleted),
-                    "bytes": report.bytes,
-                    "action": "skipped: " + report.skipped_reason
-                    if report.skipped_reason
-                    else ("would delete" if args.dry_run else "deleted"),
-                }
-            )
-    emit(rows, ["identity", "objects", "bytes", "action"], as_json=args.json)
+    emit(rows, ["identity", "reasons", "objects", "bytes", "action"], as_json=args.json)
+    return EXIT_OK
+
+
+def _age(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    days, rest = divmod(int(seconds), 86400)
+    return f"{days}d{rest // 3600}h" if days else f"{rest // 3600}h{rest % 3600 // 60}m"
+
+
+def _cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
+    groups = group_by_identity(store, args.prefix or "")
+    bar = _progress("du", len(groups))
+    usage = disk_usage(store, prefix=args.prefix or "", progress=bar)
+    bar.finish()
+    price = args.price_per_gb_month
+    rows: list[dict[str, Any]] = [
+        {
+            "identity": u.identity,
+            "checkpoints": u.checkpoints,
+            "objects": u.objects,
+            "bytes": u.bytes,
+            "garbage_bytes": u.garbage_bytes,
+            "idle": _age(u.idle_seconds),
+            "idle_seconds": u.idle_seconds,
+            "usd_per_month": round(u.monthly_cost(price), 6),
+        }
+        for u in usage
+    ]
+    total = sum(u.bytes for u in usage)
+    rows.append(
+        {
+            "identity": "TOTAL",
+            "checkpoints": sum(u.checkpoints for u in usage),
+            "objects": sum(u.objects for u in usage),
+            "bytes": total,
+            "garbage_bytes": sum(u.garbage_bytes for u in usage),
+            "idle": None,
+            "idle_seconds": None,
+            "usd_per_month": round(total / GB * price, 6),
+        }
+    )
+    columns = ["identity", "checkpoints", "objects", "bytes", "garbage_bytes", "idle", "usd_per_month"]
+    emit(rows, columns, as_json=args.json)
     return EXIT_OK
 
 
@@ -309,13 +383,30 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("identity", nargs="?")
     target.add_argument("--all", action="store_true")
     p.set_defaults(run=_cmd_verify)
-    p = sub.add_parser("gc", parents=[common], help="delete objects left by crashed or fenced commits")
+    p = sub.add_parser(
+        "gc", parents=[common], help="apply retention and delete idle, orphaned and crash-left objects"
+    )
     p.add_argument("prefix", nargs="?")
     p.add_argument(
         "--min-age", type=_duration, default=timedelta(hours=1), help="leave younger objects (default 1h)"
     )
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument(
+        "--idle-for", type=_duration, metavar="DURATION", help="delete identities not updated for this long"
+    )
+    p.add_argument("--keep-last", type=int, metavar="N", help="keep at most N checkpoints per identity")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
     p.set_defaults(run=_cmd_gc)
+    p = sub.add_parser(
+        "du", parents=[common], help="bytes, checkpoints, idle age and monthly cost per identity"
+    )
+    p.add_argument("prefix", nargs="?")
+    p.add_argument(
+        "--price-per-gb-month",
+        type=float,
+        default=DEFAULT_PRICE_PER_GB_MONTH,
+        help=f"storage price in USD (default {DEFAULT_PRICE_PER_GB_MONTH}, S3 Standard)",
+    )
+    p.set_defaults(run=_cmd_du)
     return parser
 
 

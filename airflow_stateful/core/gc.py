@@ -14,11 +14,13 @@ Objects younger than ``min_age`` are also left alone, as a margin for in-flight 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.records import DATA_DIR, HEAD_NAME, MANIFEST_DIR, HeadRecord
+from airflow_stateful.core.records import DATA_DIR, MANIFEST_DIR, HeadRecord
+from airflow_stateful.core.stores.base import ObjectInfo
 
 log = logging.getLogger("airflow_stateful")
 
@@ -39,6 +41,28 @@ def _referenced(head: HeadRecord | None) -> tuple[set[str], set[str]]:
     if head is None:
         return set(), set()
     return {e.manifest for e in head.checkpoints}, {ref for e in head.checkpoints for ref in e.data_refs}
+
+
+def unreferenced(
+    identity_key: str, infos: Iterable[ObjectInfo], head: HeadRecord | None, cutoff: datetime
+) -> list[ObjectInfo]:
+    """The objects of ``infos`` under ``identity_key`` that ``head`` does not reference, modified at or before
+    ``cutoff``. Shared by :func:`collect_garbage` and the store-wide planner, so both judge garbage alike.
+
+    The head itself and objects of nested identities (anything outside ``~manifests/`` and ``~data/``) are
+    never candidates.
+    """
+    manifests, commits = _referenced(head)
+    found = []
+    for info in infos:
+        rest = info.key[len(identity_key) + 1 :]
+        top, _, tail = rest.partition("/")
+        ours = (top == MANIFEST_DIR and info.key not in manifests) or (
+            top == DATA_DIR and tail.partition("/")[0] not in commits
+        )
+        if ours and info.last_modified <= cutoff:
+            found.append(info)
+    return found
 
 
 def collect_garbage(
@@ -62,20 +86,7 @@ def collect_garbage(
     # Object ages are judged on the wall clock, the store's own time domain (last-modified stamps).
     cutoff = datetime.now(tz=timezone.utc) - min_age
     manifests, commits = _referenced(head)
-    candidates = []
-    for info in store.list_objects(f"{identity.key}/"):
-        rest = info.key[len(identity.key) + 1 :]
-        if rest == HEAD_NAME:
-            continue
-        top, _, tail = rest.partition("/")
-        if (top == MANIFEST_DIR and info.key not in manifests) or (
-            top == DATA_DIR and tail.partition("/")[0] not in commits
-        ):
-            pass
-        else:
-            continue  # referenced, or a nested identity's object: not ours to judge
-        if info.last_modified <= cutoff:
-            candidates.append(info)
+    candidates = unreferenced(identity.key, store.list_objects(f"{identity.key}/"), head, cutoff)
     if not candidates:
         return report
     report.deleted = [c.key for c in candidates]

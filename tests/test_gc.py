@@ -1,0 +1,414 @@
+"""Store-wide retention and GC: hundreds of identities on the real S3 endpoint, the CLI, and the maintenance DAG.
+
+The promise under test: a dry run changes nothing, a real run deletes exactly what the dry run listed, and
+nothing under a live lease or still referenced by a head is ever deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dag_helpers import load_dag_module
+from s3_endpoint import S3Endpoint
+from test_cli import backend, cli, open_cs  # noqa: F401 - `backend` is a fixture used by the CLI tests
+
+from airflow_stateful.core import CheckpointStore, Identity, store_from_url
+from airflow_stateful.core.item_progress import ItemProgress
+from airflow_stateful.core.kv import KeyValueStore, object_key, task_prefix
+from airflow_stateful.core.retention_gc import (
+    EXPIRED,
+    EXPIRED_STATE,
+    GARBAGE,
+    IDLE,
+    ORPHAN,
+    RETENTION,
+    apply_gc,
+    plan_gc,
+)
+from airflow_stateful.core.stores.base import ObjectStore
+
+DAY = 86400.0
+IDLE_FOR = timedelta(days=30)
+
+
+def old_clock(days: float) -> Callable[[], float]:
+    """A writer clock ``days`` in the past, so its head's ``updated_at`` looks that old."""
+    return lambda: time.time() - days * DAY
+
+
+def all_keys(store: ObjectStore) -> set[str]:
+    return {info.key for info in store.list_objects("")}
+
+
+@dataclass
+class Fleet:
+    """The identities written, by the role each plays."""
+
+    fresh: list[str] = field(default_factory=list)
+    idle: list[str] = field(default_factory=list)
+    leased: list[str] = field(default_factory=list)
+    long_history: list[str] = field(default_factory=list)
+    garbage: dict[str, list[str]] = field(default_factory=dict)
+    orphans: dict[str, list[str]] = field(default_factory=dict)
+    expired_docs: list[str] = field(default_factory=list)
+    live_docs: list[str] = field(default_factory=list)
+
+
+def _ident(role: str, n: int) -> Identity:
+    return Identity.for_task(dag_id=f"dag_{n % 7}", task_id=f"{role}_{n}", run_id=f"run_{n}")
+
+
+def _write(
+    store: ObjectStore,
+    identity: Identity,
+    *,
+    commits: int,
+    clock: Callable[[], float],
+    release: bool = True,
+    files: Path | None = None,
+) -> CheckpointStore:
+    cs = CheckpointStore(store=store, identity=identity, keep_last=10, clock=clock)
+    lease = cs.acquire()
+    for i in range(commits):
+        cs.commit(lease, {"i": i}, files=files if i == 0 else None)
+    if release:
+        cs.release(lease)
+    return cs
+
+
+def _crash_garbage(store: ObjectStore, key: str) -> list[str]:
+    commit = uuid.uuid4().hex
+    keys = [f"{key}/~data/{commit}/0", f"{key}/~manifests/000000000999-{commit}.json"]
+    for k in keys:
+        store.put(k, b"left by a crashed commit")
+    return keys
+
+
+def build_fleet(store: ObjectStore, files: Path, scale: int = 20) -> Fleet:
+    """``10 * scale`` identities: fresh, idle, leased, long history (some with files), crash garbage, orphans."""
+    fleet = Fleet()
+    now_clock = time.time
+    jobs: list[Callable[[], None]] = []
+
+    def add(role: str, count: int, fn: Callable[[Identity], None]) -> None:
+        for n in range(count):
+            identity = _ident(role, n)
+            jobs.append(lambda identity=identity: fn(identity))  # type: ignore[misc]
+
+    def fresh(i: Identity) -> None:
+        _write(store, i, commits=2, clock=now_clock)
+        fleet.fresh.append(i.key)
+
+    def idle(i: Identity) -> None:
+        # Half of them were left with an (expired) lease, as a killed worker would.
+        _write(store, i, commits=2, clock=old_clock(40), release=zlib.crc32(i.key.encode()) % 2 == 0)
+        fleet.idle.append(i.key)
+
+    def leased(i: Identity) -> None:
+        # Under a live lease: long history, crash garbage and an old head must all be left alone.
+        _write(store, i, commits=6, clock=now_clock, release=False)
+        _crash_garbage(store, i.key)
+        fleet.leased.append(i.key)
+
+    def long_history(i: Identity) -> None:
+        _write(
+            store, i, commits=6, clock=now_clock, files=files if zlib.crc32(i.key.encode()) % 3 == 0 else None
+        )
+        fleet.long_history.append(i.key)
+
+    def garbage(i: Identity) -> None:
+        _write(store, i, commits=1, clock=now_clock)
+        fleet.garbage[i.key] = _crash_garbage(store, i.key)
+
+    def orphan(i: Identity) -> None:
+        cs = _write(store, i, commits=2, clock=now_clock, files=files)
+        store.delete(cs.heads.key)  # a purge that crashed right after deleting the head
+        fleet.orphans[i.key] = sorted(k for k in all_keys_under(store, i.key))
+
+    add("fresh", 4 * scale, fresh)
+    add("idle", 2 * scale, idle)
+    add("leased", scale, leased)
+    add("history", scale, long_history)
+    add("garbage", scale, garbage)
+    add("orphan", scale, orphan)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for future in [pool.submit(job) for job in jobs]:
+            future.result()
+
+    kv = KeyValueStore(store=store)
+    past = datetime.now(tz=timezone.utc) - timedelta(days=1)
+    for n in range(3):
+        prefix = task_prefix(dag_id="d", run_id=f"r{n}", task_id="t", map_index=-1)
+        expired, live = object_key(prefix, "expired"), object_key(prefix, "live")
+        kv.write(expired, '"x"', expires_at=past)
+        kv.write(live, '"y"', expires_at=past + timedelta(days=30))
+        fleet.expired_docs.append(expired)
+        fleet.live_docs.append(live)
+    return fleet
+
+
+def all_keys_under(store: ObjectStore, key: str) -> set[str]:
+    return {info.key for info in store.list_objects(f"{key}/")}
+
+
+@pytest.fixture
+def small_files(tmp_path: Path) -> Path:
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "a.bin").write_bytes(os.urandom(2048))
+    return files
+
+
+@pytest.mark.s3
+def test_many_identities_dry_run_changes_nothing_and_real_run_deletes_exactly_its_list(
+    s3_endpoint: S3Endpoint, s3_prefix: str, small_files: Path
+) -> None:
+    store = s3_endpoint.store(s3_prefix)
+    fleet = build_fleet(store, small_files, scale=20)  # 200 identities
+    before = all_keys(store)
+
+    dry = plan_gc(store, idle_for=IDLE_FOR, keep_last=3, min_age=timedelta(0))
+    assert all_keys(store) == before, "planning (a dry run) must change nothing"
+    by_id = {p.identity: p for p in dry.identities}
+
+    # Every policy found exactly its identities, and only them.
+    assert {k for k, p in by_id.items() if IDLE in p.reasons} == set(fleet.idle)
+    assert {k for k, p in by_id.items() if RETENTION in p.reasons} == set(fleet.long_history)
+    assert {k for k, p in by_id.items() if GARBAGE in p.reasons} == set(fleet.garbage)
+    assert {k for k, p in by_id.items() if ORPHAN in p.reasons} == set(fleet.orphans)
+    assert sorted(by_id[EXPIRED_STATE].reasons[EXPIRED]) == sorted(fleet.expired_docs)
+    for key, keys in fleet.garbage.items():
+        assert sorted(by_id[key].reasons[GARBAGE]) == sorted(keys)
+    for key, keys in fleet.orphans.items():
+        assert sorted(by_id[key].reasons[ORPHAN]) == keys
+    for key in fleet.idle:
+        assert sorted(by_id[key].reasons[IDLE]) == sorted(all_keys_under(store, key))
+    for key in fleet.leased:
+        assert by_id[key].keys == [] and by_id[key].skipped and "live lease" in by_id[key].skipped
+    assert not set(fleet.fresh) & set(by_id)
+
+    result = apply_gc(dry)
+    after = all_keys(store)
+    assert result.skipped == {}
+    assert sorted(result.deleted) == dry.keys
+    assert before - after == set(dry.keys), "the real run deleted exactly what the dry run listed"
+    assert after <= before
+
+    # Leased identities are untouched, object for object.
+    for key in fleet.leased:
+        assert all_keys_under(store, key) == {k for k in before if k.startswith(f"{key}/")}
+    # Everything still referenced is intact and readable; history is pruned to 3.
+    for key in fleet.fresh + fleet.long_history + list(fleet.garbage):
+        cs = CheckpointStore(store=store, identity=Identity.parse(key))
+        head = cs.head()
+        assert head is not None and len(head.checkpoints) <= 3
+        for entry in head.checkpoints:
+            manifest = cs.get(entry.seq)
+            for f in manifest.files:
+                assert any(info.key == f.key for info in store.list_objects(f.key))
+        latest = cs.latest()
+        assert latest is not None and latest.value == {"i": latest.seq - 1}
+    for key in fleet.long_history:
+        cs = CheckpointStore(store=store, identity=Identity.parse(key))
+        assert [e.seq for e in cs.history()] == [6, 5, 4]
+        assert len(all_keys_under(store, f"{key}/~manifests")) == 3
+    for key in fleet.idle + list(fleet.orphans):
+        assert all_keys_under(store, key) == set()
+    assert set(fleet.live_docs) <= after
+
+    # A second pass finds nothing more to delete.
+    again = plan_gc(store, idle_for=IDLE_FOR, keep_last=3, min_age=timedelta(0))
+    assert again.keys == []
+
+
+@pytest.mark.s3
+def test_an_identity_that_changed_after_the_plan_is_skipped_not_pruned(
+    s3_endpoint: S3Endpoint, s3_prefix: str
+) -> None:
+    store = s3_endpoint.store(s3_prefix)
+    moved, still = _ident("moved", 1), _ident("still", 2)
+    for identity in (moved, still):
+        _write(store, identity, commits=5, clock=time.time)
+    plan = plan_gc(store, keep_last=2, min_age=timedelta(0))
+    assert {p.identity for p in plan.identities} == {moved.key, still.key}
+    cs = CheckpointStore(store=store, identity=moved, keep_last=10)
+    lease = cs.acquire()
+    cs.commit(lease, {"i": 99})  # a writer committed between plan and apply
+    cs.release(lease)
+    before = all_keys_under(store, moved.key)
+
+    result = apply_gc(plan)
+    assert set(result.skipped) == {moved.key} and "changed since the plan" in result.skipped[moved.key]
+    assert all_keys_under(store, moved.key) == before
+    assert [e.seq for e in CheckpointStore(store=store, identity=still).history()] == [5, 4]
+
+
+def test_an_idle_identity_leased_after_the_plan_is_not_deleted(tmp_path: Path) -> None:
+    store = store_from_url((tmp_path / "state").as_uri())
+    identity = _ident("idle", 1)
+    _write(store, identity, commits=1, clock=old_clock(40))
+    plan = plan_gc(store, idle_for=IDLE_FOR, min_age=timedelta(0))
+    assert plan.keys
+    CheckpointStore(store=store, identity=identity).acquire()  # a new run took it meanwhile
+    result = apply_gc(plan)
+    assert identity.key in result.skipped and result.deleted == []
+    assert CheckpointStore(store=store, identity=identity).latest() is not None
+
+
+def test_progress_is_a_bar_on_a_terminal_and_log_lines_elsewhere(caplog: pytest.LogCaptureFixture) -> None:
+    class Tty:
+        def __init__(self) -> None:
+            self.text = ""
+
+        def write(self, s: str) -> None:
+            self.text += s
+
+        def flush(self) -> None:
+            pass
+
+        def isatty(self) -> bool:
+            return True
+
+    ticks = iter(range(0, 1000, 10))
+    tty = Tty()
+    bar = ItemProgress(label="gc", total=4, stream=tty, clock=lambda: float(next(ticks)))  # type: ignore[arg-type]
+    for _ in range(4):
+        bar()
+    bar.finish()
+    assert "\rgc [" in tty.text and tty.text.endswith("4/4\n")
+
+    class Pipe(Tty):
+        def isatty(self) -> bool:
+            return False
+
+    pipe = Pipe()
+    ticks = iter(range(0, 1000, 10))
+    caplog.set_level("INFO", logger="airflow_stateful")
+    lines = ItemProgress(label="du", total=2, stream=pipe, clock=lambda: float(next(ticks)))  # type: ignore[arg-type]
+    lines()
+    lines()
+    lines.finish()
+    assert pipe.text == ""
+    assert "du: 2/2 done" in caplog.text
+
+
+# -- CLI ---------------------------------------------------------------------------------------------------
+@pytest.mark.s3
+def test_cli_gc_idle_for_keep_last_dry_run_then_real_run(
+    capsys: pytest.CaptureFixture[str],
+    backend: str,  # noqa: F811
+) -> None:
+    hist, idle, held = _ident("hist", 1), _ident("idle", 2), _ident("held", 3)
+    store = open_cs(backend, hist).store
+    _write(store, hist, commits=5, clock=time.time)
+    _write(store, idle, commits=1, clock=old_clock(40))
+    _write(store, held, commits=4, clock=time.time, release=False)
+    before = all_keys(store)
+    args = ["gc", "--idle-for", "30d", "--keep-last", "2", "--min-age", "0s", "--json"]
+
+    code, out, _ = cli(capsys, backend, *args, "--dry-run")
+    assert code == 0
+    dry = {r["identity"]: r for r in json.loads(out)}
+    assert all_keys(store) == before
+    assert dry[hist.key]["reasons"] == RETENTION and dry[hist.key]["action"] == "would delete"
+    assert dry[hist.key]["objects"] == 3
+    assert dry[idle.key]["reasons"] == IDLE and dry[idle.key]["objects"] == 2  # head + one manifest
+    assert dry[held.key]["action"].startswith("skipped: live lease") and dry[held.key]["objects"] == 0
+
+    code, out, _ = cli(capsys, backend, *args)
+    real = {r["identity"]: r for r in json.loads(out)}
+    assert code == 0 and real[hist.key]["action"] == "deleted"
+    listed = {k for r in dry.values() for k in r["keys"]}
+    assert {k for r in real.values() for k in r["keys"]} == listed
+    assert before - all_keys(store) == listed
+    assert [e.seq for e in CheckpointStore(store=store, identity=hist).history()] == [5, 4]
+
+
+@pytest.mark.s3
+def test_cli_du_reports_bytes_checkpoints_idle_age_and_cost(
+    capsys: pytest.CaptureFixture[str],
+    backend: str,  # noqa: F811
+) -> None:
+    recent, idle = _ident("recent", 1), _ident("idle", 2)
+    store = open_cs(backend, recent).store
+    _write(store, recent, commits=3, clock=time.time)
+    _write(store, idle, commits=1, clock=old_clock(40))
+    garbage = _crash_garbage(store, recent.key)
+    listing = list(store.list_objects(""))
+
+    code, out, _ = cli(capsys, backend, "du", "--price-per-gb-month", "1000", "--json")
+    assert code == 0
+    rows = {r["identity"]: r for r in json.loads(out)}
+    assert set(rows) == {recent.key, idle.key, "TOTAL"}
+    sizes = {i.key: i.size for i in listing}
+    assert rows[recent.key]["bytes"] == sum(v for k, v in sizes.items() if k.startswith(recent.key + "/"))
+    assert rows[recent.key]["garbage_bytes"] == sum(sizes[k] for k in garbage)
+    assert (rows[recent.key]["checkpoints"], rows[idle.key]["checkpoints"]) == (3, 1)
+    assert rows[idle.key]["idle_seconds"] >= 39 * DAY and rows[recent.key]["idle_seconds"] < DAY
+    assert rows[idle.key]["idle"].startswith("40d")
+    assert rows["TOTAL"]["bytes"] == sum(sizes.values())
+    assert rows["TOTAL"]["usd_per_month"] == pytest.approx(sum(sizes.values()) / 1024**3 * 1000, rel=1e-3)
+    code, out, _ = cli(capsys, backend, "du")
+    assert out.splitlines()[0].split()[:3] == ["IDENTITY", "CHECKPOINTS", "OBJECTS"]
+    assert out.splitlines()[-1].startswith("TOTAL")
+
+
+# -- Airflow ---------------------------------------------------------------------------------------------
+def _returned(run: Any) -> Any:
+    from airflow import settings
+    from airflow.models.xcom import XComModel
+
+    with settings.Session() as session:
+        query = XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, key="return_value")
+        return XComModel.deserialize_value(session.scalars(query).one())
+
+
+@pytest.mark.airflow
+def test_maintenance_dag_deletes_idle_identities_on_the_local_default(
+    dags_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = (tmp_path / "state").as_uri()
+    monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", url)
+    store = store_from_url(url)
+    idle, fresh = _ident("idle", 1), _ident("fresh", 2)
+    _write(store, idle, commits=1, clock=old_clock(40))
+    _write(store, fresh, commits=7, clock=time.time)
+    young_garbage = _crash_garbage(store, fresh.key)
+
+    module = load_dag_module(dags_folder / "stateful_maintenance.py")
+    run = module.dag_object.test()
+    assert str(run.state) == "success"
+    report = _returned(run)
+    assert report["dry_run"] is False
+    rows = {r["identity"]: r for r in report["identities"]}
+    assert rows[idle.key]["reasons"] == {IDLE: 2} and rows[idle.key]["action"] == "deleted"
+    assert rows[fresh.key]["reasons"] == {RETENTION: 2}, (
+        "keep_last=5 drops 2; young garbage stays (min_age 1h)"
+    )
+    assert all_keys_under(store, idle.key) == set()
+    assert set(young_garbage) <= all_keys_under(store, fresh.key)
+    assert [e.seq for e in CheckpointStore(store=store, identity=fresh).history()] == [7, 6, 5, 4, 3]
+
+
+def test_an_orphan_that_got_a_head_after_the_plan_is_skipped(tmp_path: Path) -> None:
+    store = store_from_url((tmp_path / "state").as_uri())
+    identity = _ident("orphan", 1)
+    cs = _write(store, identity, commits=2, clock=time.time)
+    store.delete(cs.heads.key)
+    plan = plan_gc(store, min_age=timedelta(0))
+    assert [p.reasons.keys() for p in plan.identities] == [{ORPHAN: []}.keys()]
+    _write(store, identity, commits=1, clock=time.time)  # the identity was used again meanwhile
+    before = all_keys(store)
+    result = apply_gc(plan)
+    assert identity.key in result.skipped and result.deleted == [] and all_keys(store) == before
