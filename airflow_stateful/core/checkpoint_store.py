@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from airflow_stateful.core import events
 from airflow_stateful.core.codecs import JSON, encode_value
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
@@ -224,7 +225,13 @@ class CheckpointStore:
                 self.heads.load()[0] if local_files else self.heads.cached(), lease, action="commit to"
             )
         except FencedError:
-            head = check_holder(self.heads.load()[0], lease, action="commit to")  # name the current holder
+            try:
+                # Re-read to name the current holder in the error.
+                head = check_holder(self.heads.load()[0], lease, action="commit to")
+            except FencedError:
+                events.emit(events.FENCED, identity=self.identity.key, epoch=lease.epoch, action="commit")
+                raise
+        started = time.monotonic()
         seq = head.next_seq
         commit_id = uuid.uuid4().hex
         if files is None and keep_files_from is not None:
@@ -278,7 +285,19 @@ class CheckpointStore:
             dropped[:], kept[:] = drop, keep
             return current.evolve(next_seq=seq + 1, checkpoints=tuple(keep), lease=self._extended(current))
 
-        self.heads.update(decide, fresh=False)
+        try:
+            self.heads.update(decide, fresh=False)
+        except FencedError:
+            events.emit(events.FENCED, identity=self.identity.key, epoch=lease.epoch, action="commit")
+            raise
+        events.emit(
+            events.COMMIT,
+            identity=self.identity.key,
+            seq=seq,
+            bytes=manifest.total_size,
+            files=len(entries),
+            duration=time.monotonic() - started,
+        )
         log.info(
             "committed checkpoint %d of %s (%d file(s), %s, schema %d)",
             seq,
@@ -442,6 +461,7 @@ class CheckpointStore:
         Files land in a staging directory first; only when every file is verified are they moved into
         ``dest`` (existing files of the same name are replaced). On any error ``dest`` is left as it was.
         """
+        started = time.monotonic()
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
         staging = dest / f".stateful-restore-{uuid.uuid4().hex[:12]}"
@@ -476,4 +496,12 @@ class CheckpointStore:
             shutil.rmtree(staging, ignore_errors=True)
         if progress:
             progress.finish()
+        events.emit(
+            events.RESTORE,
+            identity=self.identity.key,
+            seq=manifest.seq,
+            bytes=total,
+            files=len(restored),
+            duration=time.monotonic() - started,
+        )
         return restored

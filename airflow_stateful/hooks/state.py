@@ -14,6 +14,7 @@ from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.records import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.registry import store_from_url
+from airflow_stateful.metrics import install as install_stats_listener
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class StateHook(BaseHook):
         keep_last: int | None = None,
     ) -> None:
         super().__init__()
+        install_stats_listener()  # report commits, restores, fencing to Airflow's [metrics] backend
         settings = StatefulSettings.load()
         self.backend_url = backend_url or settings.backend_url
         self.conn_id = conn_id or settings.conn_id

@@ -25,6 +25,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
+from airflow_stateful.core import events
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.codecs import CODECS, JSON, decode_value
 from airflow_stateful.core.errors import (
@@ -249,6 +250,11 @@ def open_task_state(
         latest.value, latest.value_codec, allowed=value_codec, where=f"checkpoint {latest.seq}"
     )
     origin = describe_checkpoint(latest)
+    resumed = {
+        "identity": checkpoints.identity.key,
+        "seq": latest.seq,
+        "schema_version": latest.schema_version,
+    }
     try:
         migration_path(latest.schema_version, schema_version, migrations)
     except IncompatibleStateError as exc:
@@ -264,10 +270,12 @@ def open_task_state(
         return TaskState(**state_args)
     if latest.schema_version == schema_version:
         log.info("resuming from %s", origin)
+        events.emit(events.RESUME, **resumed)
         return TaskState(**state_args, start=latest, value=value)
     migrated = migrate(value, latest.schema_version, schema_version, migrations)
     state = TaskState(**state_args, start=latest, value=migrated)
     info = state.save(migrated)  # committed before any user code runs, keeping the files
+    events.emit(events.RESUME, **resumed)
     log.info(
         "resuming from %s, migrated %d -> %d (committed as checkpoint %d)",
         origin,
