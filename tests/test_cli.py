@@ -194,3 +194,53 @@ def test_console_script_and_module_entry_points(tmp_path: Path) -> None:
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "(none)"
+
+
+def test_s3_credentials_come_from_the_airflow_connection(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    s3_endpoint: S3Endpoint,
+    s3_prefix: str,
+) -> None:
+    """Inside an Airflow installation the CLI uses the connection tasks use: no AWS_* variables needed."""
+    if not s3_endpoint.credentials:
+        pytest.skip("the configured endpoint uses the ambient credential chain")
+    backend = f"s3://{s3_endpoint.bucket}/{s3_prefix}"
+    cs = CheckpointStore(store=store_from_url(backend, **s3_endpoint.options()), identity=WATERMARK)
+    cs.commit(cs.acquire(), {"watermark": "x"})
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "STATEFUL_S3_ENDPOINT_URL",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", s3_endpoint.region)
+    conn = {
+        "conn_type": "aws",
+        "login": s3_endpoint.credentials["aws_access_key_id"],
+        "password": s3_endpoint.credentials["aws_secret_access_key"],
+        "extra": {"endpoint_url": s3_endpoint.endpoint_url, "region_name": s3_endpoint.region},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_CLI_S3", json.dumps(conn))
+    code = main(["ls", "--backend", backend, "--conn-id", "cli_s3", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert [r["identity"] for r in json.loads(out)] == [WATERMARK.key]
+    assert s3_endpoint.credentials["aws_secret_access_key"] not in out + err or s3_endpoint.kind == "moto"
+
+
+def test_json_output_on_stdout_stays_pure_json(backend: str, seeded: dict[str, object]) -> None:
+    """Scripts parse stdout: log lines (Airflow's, boto3's, ours) must go to stderr, never into the JSON."""
+    result = subprocess.run(
+        [sys.executable, "-m", "airflow_stateful", "verify", "--all", "--json", "--backend", backend],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert {r["identity"] for r in rows} == {WATERMARK.key, BATCH.key}

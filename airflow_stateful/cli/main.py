@@ -5,8 +5,9 @@ configuration; 3 refused because of a lease (a live writer holds the identity; `
 4 no such identity or checkpoint.
 
 The backend is ``--backend URL``, else ``AIRFLOW__STATEFUL__BACKEND_URL``, else ``[stateful] backend_url`` of
-the Airflow installation. S3 credentials come from boto3's standard chain; ``--endpoint-url`` (or
-``STATEFUL_S3_ENDPOINT_URL``) names an S3-compatible endpoint.
+the Airflow installation. S3 credentials and endpoint come from the Airflow connection (``--conn-id``, else
+``[stateful] conn_id``) or, without one, boto3's standard chain; ``--endpoint-url`` (or
+``STATEFUL_S3_ENDPOINT_URL``) overrides the endpoint.
 """
 
 from __future__ import annotations
@@ -58,10 +59,28 @@ def resolve_backend(url: str | None) -> str:
     return StatefulSettings.load().backend_url
 
 
+def connection_options(url: str, conn_id: str | None) -> dict[str, Any]:
+    """S3 credentials and endpoint from the Airflow connection (``--conn-id``, else ``[stateful] conn_id``).
+
+    Inside an Airflow installation this is what tasks use too; a missing connection falls back to boto3's
+    standard chain (StateHook logs that).
+    """
+    try:
+        from airflow_stateful.hooks.state import StateHook
+    except ImportError:  # pragma: no cover - Airflow is a dependency of the package
+        return {}
+    return StateHook(backend_url=url, conn_id=conn_id).s3_options()
+
+
 def open_store(args: argparse.Namespace) -> ObjectStore:
     url = resolve_backend(args.backend)
-    endpoint = args.endpoint_url or os.environ.get("STATEFUL_S3_ENDPOINT_URL")
-    options: dict[str, Any] = {"endpoint_url": endpoint} if endpoint and url.startswith("s3://") else {}
+    options: dict[str, Any] = {}
+    if url.startswith("s3://"):
+        options = connection_options(url, args.conn_id)
+        endpoint = args.endpoint_url or os.environ.get("STATEFUL_S3_ENDPOINT_URL")
+        if endpoint:
+            options["endpoint_url"] = endpoint
+    _logs_to_stderr()  # after Airflow (imported above) configured logging, before boto3 logs anything
     return store_from_url(url, **options)
 
 
@@ -347,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend", help="s3://bucket/prefix or file:///path (default: [stateful] backend_url)"
     )
     common.add_argument("--endpoint-url", help="S3-compatible endpoint (default: STATEFUL_S3_ENDPOINT_URL)")
+    common.add_argument(
+        "--conn-id", help="Airflow connection with S3 credentials (default: [stateful] conn_id)"
+    )
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser = argparse.ArgumentParser(
         prog="airflow-stateful", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -408,6 +430,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=_cmd_du)
     return parser
+
+
+def _logs_to_stderr() -> None:
+    """Keep stdout for results (tables, JSON): importing Airflow points logging at stdout."""
+    for name in ("botocore", "boto3", "s3transfer", "urllib3", "airflow"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    ours = logging.getLogger("airflow_stateful")
+    if not any(getattr(h, "_stateful_cli", False) for h in ours.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._stateful_cli = True  # type: ignore[attr-defined]
+        ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+    ours.propagate = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,7 +62,7 @@ class StateHook(BaseHook):
         try:
             conn = self.get_connection(self.conn_id)
         except AirflowNotFoundException:
-            log.info("connection %r not found; using boto3's standard credential chain", self.conn_id)
+            log.debug("connection %r not found; using boto3's standard credential chain", self.conn_id)
             return {}
         extra = conn.extra_dejson or {}
         options: dict[str, Any] = {}
