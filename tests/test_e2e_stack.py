@@ -74,18 +74,21 @@ class Stack:
         return f"http://127.0.0.1:{self.port}/api/v2"
 
     # -- processes -----------------------------------------------------------------------------------------
+    def _popen_args(self, out: Any, *args: str) -> dict[str, Any]:
+        return {
+            "args": [sys.executable, "-m", "airflow", *args],
+            "env": self.env,
+            "cwd": self.home,
+            "stdin": subprocess.DEVNULL,
+            "stdout": out,
+            "stderr": subprocess.STDOUT,
+            "start_new_session": True,  # its own process group: teardown kills the whole group
+        }
+
     def start(self, name: str, *args: str) -> Component:
         log = self.logs / f"{name}.log"
         with open(log, "wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "airflow", *args],
-                env=self.env,
-                cwd=self.home,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: teardown kills the whole group
-            )
+            process = subprocess.Popen(**self._popen_args(out, *args))
         component = Component(name, process, log)
         self.components.append(component)
         self.seen_pids.add(process.pid)
@@ -94,16 +97,7 @@ class Stack:
     def run_cli(self, name: str, *args: str, timeout: float = 120) -> None:
         log = self.logs / f"{name}.log"
         with open(log, "wb") as out:
-            result = subprocess.run(
-                [sys.executable, "-m", "airflow", *args],
-                env=self.env,
-                cwd=self.home,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                start_new_session=True,
-            )
+            result = subprocess.run(**self._popen_args(out, *args), timeout=timeout)
         if result.returncode != 0:
             pytest.fail(f"`airflow {' '.join(args)}` exited with {result.returncode}\n{tail(log, 60)}")
 

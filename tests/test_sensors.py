@@ -154,6 +154,15 @@ def run_dag(dag_file: SensorDag) -> Any:
     return dag.test()
 
 
+def run_dag_while(dag_file: SensorDag, writer: Callable[[], None]) -> Any:
+    """Run the DAG while ``writer`` commits checkpoints in another thread; re-raise the writer's error."""
+    thread = Background(writer)
+    thread.start()
+    run = run_dag(dag_file)
+    thread.finish()
+    return run
+
+
 def task_state(run: Any, task_id: str) -> str:
     [ti] = [t for t in run.get_task_instances() if t.task_id == task_id]
     return str(ti.state)
@@ -552,10 +561,7 @@ def test_poke_mode_waits_for_the_checkpoint_another_writer_commits(
         dag_file.first_poke_run_id()
         commit_values(s3_checkpoints(s3_endpoint, s3_prefix, identity), values)
 
-    thread = Background(writer)
-    thread.start()
-    run = run_dag(dag_file)
-    thread.finish()
+    run = run_dag_while(dag_file, writer)
     assert task_state(run, "wait") == "success", dag_file.rows()
     pokes = dag_file.pokes()
     assert pokes[0] is False and pokes[-1] is True and pokes.count(True) == 1
@@ -587,10 +593,7 @@ def test_reschedule_mode_frees_the_worker_between_pokes(
         dag_file.first_poke_run_id()
         commit_values(checkpoints, [{"rows": 10}, {"rows": 40}])
 
-    thread = Background(writer)
-    thread.start()
-    run = run_dag(dag_file)
-    thread.finish()
+    run = run_dag_while(dag_file, writer)
     assert task_state(run, "wait") == "success", dag_file.rows()
     pokes = [row for row in dag_file.rows() if row[0] == "poke"]
     assert pokes[0][1] is False and pokes[-1][1] is True
@@ -627,10 +630,7 @@ def test_deferrable_mode_waits_in_the_trigger(
         values = [{"status": "running"}, {"status": "running"}, {"status": "done"}]
         commit_values(s3_checkpoints(s3_endpoint, s3_prefix, identity), values)
 
-    thread = Background(writer)
-    thread.start()
-    run = run_dag(dag_file)
-    thread.finish()
+    run = run_dag_while(dag_file, writer)
     assert task_state(run, "wait") == "success", dag_file.rows()
     assert dag_file.pokes() == [False], "one check on the worker, then the trigger"
     assert ["trigger", "success"] in dag_file.rows(), "execute_complete ran on the trigger's event"
