@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import json
 import logging
-import random
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from airflow_stateful.core.cas import DEFAULT_BACKOFF, Backoff, compare_and_swap
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
     FormatVersionError,
@@ -65,7 +64,7 @@ MAX_SEGMENT_BYTES = 255
 """Longest encoded path segment (NAME_MAX of common filesystems), so the local store holds every key."""
 MAX_OBJECT_KEY_BYTES = 900
 """Longest object key below the store's root; S3 allows 1024 bytes, the rest is left for the prefix."""
-MAX_CAS_ATTEMPTS = 50
+MAX_CAS_ATTEMPTS = DEFAULT_BACKOFF.attempts
 
 
 def _reject_control(what: str, value: str) -> None:
@@ -250,10 +249,8 @@ class KeyValueStore:
     """
 
     def __init__(self, *, store: ObjectStore, max_attempts: int = MAX_CAS_ATTEMPTS) -> None:
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, not {max_attempts}")
         self.store = store
-        self.max_attempts = max_attempts
+        self.backoff = Backoff(attempts=max_attempts)
 
     def __repr__(self) -> str:
         return f"KeyValueStore(store={self.store!r})"
@@ -275,48 +272,39 @@ class KeyValueStore:
         ``change`` is called again with the fresh document whenever another writer got in first. The stored
         document gets ``version`` = previous + 1 and a new ``write_id``. Returns what is stored afterwards.
         """
-        delay = 0.002
         write_id = uuid.uuid4().hex
-        for attempt in range(1, self.max_attempts + 1):
-            current: StateDocument | None
+
+        def read(data: bytes) -> StateDocument | None:
             try:
-                blob = self.store.get(key)
-            except ObjectNotFoundError:
-                current, etag = None, None
-            else:
-                etag = blob.etag
-                try:
-                    current = StateDocument.from_bytes(blob.data, where=self._where(key))
-                except CheckpointCorruptError as exc:
-                    # The new value is authoritative; replace the damaged object (still conditionally).
-                    log.warning("replacing a damaged state document: %s", exc)
-                    current = None
+                return StateDocument.from_bytes(data, where=self._where(key))
+            except CheckpointCorruptError as exc:
+                # The new value is authoritative; replace the damaged object (still conditionally).
+                log.warning("replacing a damaged state document: %s", exc)
+                return None
+
+        def decide(current: StateDocument | None) -> StateDocument | None:
             if current is not None and current.write_id == write_id:
                 return current  # an earlier attempt landed but its answer was lost (retried request)
             new = change(current)
             if new is None:
                 return current
-            new = replace(
+            return replace(
                 new,
                 version=(current.version if current else 0) + 1,
                 write_id=write_id,
                 written_at=_now(),
             )
-            try:
-                if etag is None:
-                    self.store.put(key, new.to_bytes(), if_none_match=True)
-                else:
-                    self.store.put(key, new.to_bytes(), if_match=etag)
-            except PreconditionFailedError:
-                log.debug("state document %s changed under us (attempt %d)", key, attempt)
-                time.sleep(random.uniform(0, delay))
-                delay = min(delay * 2, 0.2)
-                continue
-            return new
-        raise PreconditionFailedError(
-            f"gave up writing state document {self._where(key)} after {self.max_attempts} attempts: other "
-            "writers kept changing it. Nothing was lost; retry the write."
+
+        stored, _ = compare_and_swap(
+            self.store,
+            key,
+            decide,
+            read=read,
+            encode=StateDocument.to_bytes,
+            backoff=self.backoff,
+            what="state document",
         )
+        return stored
 
     def write(self, key: str, value: str, *, expires_at: datetime | None = None) -> StateDocument:
         """Store ``value`` (JSON text) at object ``key``; ``expires_at`` ``None`` never expires."""
