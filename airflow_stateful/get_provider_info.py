@@ -3,6 +3,30 @@
 Airflow imports this module while its own configuration is still loading, so it must import nothing from
 Airflow (and nothing that does). A broken return value breaks every Airflow command on the machine, which
 is why ``tests/test_provider.py`` runs ``airflow providers list`` and ``airflow config list`` for real.
+
+What Airflow 3.3 does with each key (read in ``airflow/providers_manager.py``; the layout follows the
+first-party providers' generated ``get_provider_info.py``):
+
+* ``hooks``, ``operators`` and ``sensors`` are metadata only: Airflow never imports these modules (no
+  ``airflow providers`` verb lists them; ``airflow providers get --full`` shows them). Measured: a module
+  that cannot be imported in any of these lists (``triggers`` too) gives no error and no warning. So
+  ``airflow_stateful.operators.kubernetes``, which needs the optional ``kubernetes`` extra, is listed like
+  the other operators: without the extra nothing breaks; only a DAG that imports it fails
+  (ModuleNotFoundError for ``airflow.providers.cncf.kubernetes``).
+* ``triggers`` is what ``airflow providers triggers`` prints (module names, not imported).
+* ``task-decorators`` registers ``@task.stateful``; the class is imported on first use.
+* ``plugins``: the plugin is loaded by default through the ``airflow.plugins`` entry point (pyproject.toml);
+  Airflow loads provider-listed plugins only when ``[core] lazy_discover_providers`` is False, and then
+  keeps the first of two plugins with the same name: it logs "Plugin 'stateful' already registered,
+  skipping" and lists that line among the plugin import errors. The first-party openlineage provider does
+  the same (its plugin is in both places), so we list it for completeness of the metadata.
+* ``connection-types`` maps a connection type to a hook class; the first provider in package-name order
+  wins and the others only log "already registered". ``StateHook`` reads connections of type ``aws``, which
+  belongs to the amazon provider, and "airflow-provider-stateful" sorts before
+  "apache-airflow-providers-amazon": claiming ``aws`` here would silently take it over (the UI's AWS
+  connection form and ``Connection.get_hook()`` would give a ``StateHook``). So we list none.
+* No dependency keys: the 3.3 schema has none (first-party providers keep them in pyproject.toml only), and
+  our pyproject.toml is their single source, extras included.
 """
 
 from __future__ import annotations
@@ -21,12 +45,28 @@ def get_provider_info() -> dict[str, Any]:
         "name": "Stateful",
         "description": "Durable identity, fenced S3 checkpoints and upgrade-safe resume for Airflow tasks.",
         "versions": [__version__],
+        # StateHook uses the amazon provider's `aws` type; claiming it would take it over (see above).
         "connection-types": [],
         "integrations": [
             {
                 "integration-name": _INTEGRATION,
                 "external-doc-url": "https://github.com/airflow-provider-stateful/airflow-provider-stateful/tree/main/docs",
                 "tags": ["software"],
+            }
+        ],
+        "hooks": [
+            {"integration-name": _INTEGRATION, "python-modules": ["airflow_stateful.hooks.state"]},
+        ],
+        "operators": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": [
+                    "airflow_stateful.operators.stateful",
+                    "airflow_stateful.operators.python",
+                    "airflow_stateful.operators.gc",
+                    # Needs the `kubernetes` extra; metadata only, never imported by Airflow (see above).
+                    "airflow_stateful.operators.kubernetes",
+                ],
             }
         ],
         "sensors": [
@@ -37,6 +77,9 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "task-decorators": [
             {"name": "stateful", "class-name": "airflow_stateful.decorators.stateful.stateful_task"},
+        ],
+        "plugins": [
+            {"name": "stateful", "plugin-class": "airflow_stateful.plugins.stateful_view.StatefulPlugin"},
         ],
         "config": {
             "stateful": {
