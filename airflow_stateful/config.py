@@ -1,14 +1,17 @@
-"""The ``[stateful]`` configuration section, read in one place with the documented defaults."""
+"""The ``[stateful]`` configuration section, read from Airflow's configuration.
+
+The defaults and the validation live in :mod:`airflow_stateful.core.config` (shared with the in-pod client);
+this module only knows where Airflow keeps the raw text.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_stateful.core.errors import ConfigurationError
+from airflow_stateful.core.config import SECTION, StatefulSettings
 
-SECTION = "stateful"
+__all__ = ["SECTION", "StatefulSettings", "default_backend_url", "load_settings"]
 
 
 def default_backend_url() -> str:
@@ -17,32 +20,14 @@ def default_backend_url() -> str:
     return (Path(home).absolute() / "stateful").as_uri()
 
 
-@dataclass(frozen=True)
-class StatefulSettings:
-    backend_url: str
-    conn_id: str
-    lease_ttl: int
-    keep_last: int
+def load_settings() -> StatefulSettings:
+    """Read ``[stateful]`` from Airflow's configuration (``AIRFLOW__STATEFUL__*`` variables included)."""
+    from airflow.sdk import conf
 
-    @classmethod
-    def load(cls) -> StatefulSettings:
-        """Read ``[stateful]`` from Airflow's configuration (environment variables included)."""
-        from airflow.sdk import conf
+    def get(option: str) -> str | None:
+        if not conf.has_option(SECTION, option):
+            return None
+        value = conf.get(SECTION, option, fallback=None)
+        return None if value is None else str(value)
 
-        def get_int(option: str, default: int, minimum: int) -> int:
-            raw = conf.get(SECTION, option, fallback=str(default))
-            try:
-                value = int(str(raw).strip())
-            except ValueError:
-                raise ConfigurationError(f"[{SECTION}] {option} must be an integer, not {raw!r}") from None
-            if value < minimum:
-                raise ConfigurationError(f"[{SECTION}] {option} must be >= {minimum}, not {value}")
-            return value
-
-        return cls(
-            backend_url=(conf.get(SECTION, "backend_url", fallback="") or "").strip()
-            or default_backend_url(),
-            conn_id=(conf.get(SECTION, "conn_id", fallback="aws_default") or "").strip(),
-            lease_ttl=get_int("lease_ttl", 600, 1),
-            keep_last=get_int("keep_last", 3, 1),
-        )
+    return StatefulSettings.from_options(get, default_backend_url=default_backend_url())

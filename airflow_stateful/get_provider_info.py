@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_stateful.core import config
 from airflow_stateful.version import __version__
 
 _ADDED = "0.1.0"
@@ -105,24 +106,38 @@ def get_provider_info() -> dict[str, Any]:
                         "version_added": _ADDED,
                         "type": "string",
                         "example": "minio_state",
-                        "default": "aws_default",
+                        "default": config.CONN_ID,
                     },
                     "lease_ttl": {
                         "description": (
-                            "Seconds a writer's lease lives without a commit or renewal. After that another "
-                            "writer may take it without stealing. Retries always take it over at once."
+                            "Seconds a writer's lease lives after its last renewal. Writers renew it in the "
+                            "background about every third of this, so a task may compute for hours between "
+                            "two saves; a killed writer's lease expires this long after its last renewal. "
+                            "Then another writer may take it without stealing (retries always take it over "
+                            "at once). Also accepts durations such as 10m."
                         ),
                         "version_added": _ADDED,
                         "type": "integer",
                         "example": "600",
-                        "default": "600",
+                        "default": str(config.LEASE_TTL),
+                    },
+                    "lease_grace": {
+                        "description": (
+                            "Seconds past a lease's expiry before maintenance (airflow-stateful gc, the "
+                            "maintenance DAG) may break it. Covers clock skew between the host that renews a "
+                            "lease and the host that judges it: keep it well above your worst skew."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "integer",
+                        "example": "60",
+                        "default": str(config.LEASE_GRACE),
                     },
                     "keep_last": {
                         "description": "How many committed checkpoints each identity keeps (at least 1).",
                         "version_added": _ADDED,
                         "type": "integer",
                         "example": "3",
-                        "default": "3",
+                        "default": str(config.KEEP_LAST),
                     },
                 },
             }

@@ -1,8 +1,14 @@
 """TaskState: what a stateful task's code touches — the last value, saving, file checkpoints, resuming loops.
 
-A TaskState is handed to the task by :class:`~airflow_stateful.operators.stateful.StatefulOperator` after it
-has taken the identity's lease (fencing every earlier try), loaded and verified the latest checkpoint and
-migrated it to the task's schema. It imports no Airflow: the operator turns its signals into Airflow's.
+A TaskState is handed to the task by :class:`~airflow_stateful.operators.stateful.StatefulOperator` on top of
+an open :class:`~airflow_stateful.core.session.WriterSession`: the session holds the lease (fencing every
+earlier try) and renews it while the task computes, and it has already loaded, verified and migrated the
+newest checkpoint. TaskState adds what task code wants on top: a value to carry, ``save``, and ``resume``
+loops with their positions. It imports no Airflow: the operator turns its signals into Airflow's.
+
+A save that fails (a value that cannot be encoded, a fenced writer, a network error) changes nothing the
+task sees: :attr:`~TaskState.value`, :attr:`~TaskState.checkpoint` and the resume positions stay the last
+committed ones (or what the task itself set since).
 """
 
 from __future__ import annotations
@@ -17,11 +23,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
 
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.codecs import JSON, encode_value
+from airflow_stateful.core.codecs import encode_value
 from airflow_stateful.core.errors import InvalidValueError, StopRequested
-from airflow_stateful.core.lease import Lease
 from airflow_stateful.core.records import CheckpointEntry, Manifest, WriterInfo
+from airflow_stateful.core.session import WriterSession
 
 log = logging.getLogger("airflow_stateful")
 
@@ -55,41 +60,27 @@ class CheckpointInfo:
 class TaskState:
     """The state of one stateful task instance, shared by all its tries.
 
-    :param checkpoints: the identity's checkpoint store.
-    :param lease: the lease this try holds; every save presents it, so a zombie try is fenced.
-    :param writer: who this try is (recorded in every checkpoint).
-    :param schema_version: the version of the value this code writes.
-    :param start: the checkpoint to start from (already verified and migrated), or ``None``.
-    :param value: that checkpoint's value, decoded and migrated.
+    :param session: the open writer session of this try (lease held and renewed, checkpoint loaded).
     :param checkpoint_every: default for :meth:`resume`: commit after this many finished items.
     :param checkpoint_interval: default for :meth:`resume`: commit at least this often.
+    :param clock: monotonic seconds, for ``checkpoint_interval``; injectable for tests.
     """
 
     def __init__(
         self,
         *,
-        checkpoints: CheckpointStore,
-        lease: Lease,
-        writer: WriterInfo,
-        schema_version: int = 1,
-        value_codec: str = JSON,
-        start: Manifest | None = None,
-        value: Any = None,
+        session: WriterSession,
         checkpoint_every: int | None = None,
         checkpoint_interval: timedelta | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._checkpoints = checkpoints
-        self._lease = lease
-        self._writer = writer
-        self._schema_version = schema_version
-        self._codec = value_codec
-        self._latest = start
-        self._value = value
-        self._resumed = start is not None
+        self._session = session
+        self._value = session.value
+        self._resumed = session.latest is not None
         # resume() positions belong to one DAG run: a named identity carries its value into the next run,
         # but the next run iterates over new data and must start at its first item.
-        same_run = start is not None and start.writer.run_id == writer.run_id
+        start = session.start
+        same_run = start is not None and start.writer.run_id == session.writer.run_id
         self._cursors: dict[str, int] = dict(
             (start.extra.get(_CURSORS) if start and same_run else None) or {}
         )
@@ -107,7 +98,9 @@ class TaskState:
     @value.setter
     def value(self, new: Any) -> None:
         """Set the value the next checkpoint commits (the next :meth:`resume` step or :meth:`save`)."""
-        encode_value(new, self._codec)  # fail now, naming the problem, not at the next checkpoint
+        encode_value(
+            new, self._session.value_codec
+        )  # fail now, naming the problem, not at the next checkpoint
         self._value = new
 
     @property
@@ -118,12 +111,18 @@ class TaskState:
     @property
     def checkpoint(self) -> CheckpointInfo | None:
         """The newest checkpoint this state knows: the one it started from, or the last one it saved."""
-        return CheckpointInfo.of(self._latest) if self._latest else None
+        latest = self._session.latest
+        return CheckpointInfo.of(latest) if latest else None
 
     @property
     def stop_requested(self) -> bool:
         """True once Airflow asked this try to stop; the next :meth:`resume` step or :meth:`save` ends it."""
         return self._stop.is_set()
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once this try lost its lease (a newer try took over): its next save will be refused."""
+        return self._session.lost
 
     def request_stop(self) -> None:
         """Ask the running code to stop at its next checkpoint (called from ``on_kill``; thread-safe)."""
@@ -131,43 +130,37 @@ class TaskState:
 
     def history(self) -> list[CheckpointEntry]:
         """The kept checkpoints of this identity, newest first."""
-        return self._checkpoints.history()
+        return self._session.checkpoints.history()
 
     # -- writing -------------------------------------------------------------------------------------------
     def save(self, value: Any, files: str | Path | None = None) -> CheckpointInfo:
         """Commit ``value`` (and, atomically with it, the file or directory ``files``) as a checkpoint.
 
         With ``files=None`` the checkpoint keeps the files of the previous one. If a stop was requested,
-        the checkpoint is committed and then StopRequested ends the try.
+        the checkpoint is committed and then StopRequested ends the try. If the save fails, nothing the task
+        sees changes: :attr:`value` is what it was before the call.
         """
-        self._value = value
-        info = self._commit(files=files)
+        info = self._commit(value, dict(self._cursors), files=files)
         if self.stop_requested:
             raise StopRequested(f"stop requested; progress saved in checkpoint {info.seq}")
         return info
 
-    def _commit(self, *, files: str | Path | None = None) -> CheckpointInfo:
-        self._latest = self._checkpoints.commit(
-            self._lease,
-            self._value,
-            files=files,
-            schema_version=self._schema_version,
-            writer=self._writer,
-            extra={_CURSORS: dict(self._cursors)} if self._cursors else None,
-            value_codec=self._codec,
-            keep_files_from=self._latest if files is None else None,
-        )
-        return CheckpointInfo.of(self._latest)
+    def _commit(
+        self, value: Any, cursors: dict[str, int], *, files: str | Path | None = None
+    ) -> CheckpointInfo:
+        """Commit ``value`` with the resume positions ``cursors``; adopt the value only once the commit landed."""
+        manifest = self._session.commit(value, files=files, extra={_CURSORS: cursors} if cursors else None)
+        self._value = value
+        return CheckpointInfo.of(manifest)
 
     def _cursors_saved(self, key: str, position: int) -> bool:
-        saved = (self._latest.extra.get(_CURSORS) or {}) if self._latest else {}
+        latest = self._session.latest
+        saved = (latest.extra.get(_CURSORS) or {}) if latest else {}
         return bool(saved.get(key) == position)
 
     def restore_files(self, dest: str | Path) -> list[Path]:
         """Restore the files of the newest checkpoint into directory ``dest``, verified; ``[]`` if none."""
-        if self._latest is None or not self._latest.files:
-            return []
-        return self._checkpoints.restore_files(self._latest, dest)
+        return self._session.restore_files(dest)
 
     def resume(
         self,
@@ -182,7 +175,8 @@ class TaskState:
         An item counts as finished when the loop body returns and the next item is asked for. A checkpoint
         (the current :attr:`value` plus the position) is committed after every ``every`` finished items, at
         least every ``interval``, and at the end. The iterable must yield the same items in the same order
-        on every try. ``key`` names the cursor when a task has more than one resumable loop.
+        on every try. ``key`` names the cursor when a task has more than one resumable loop. A try that lost
+        its lease is stopped before its next item with :class:`~airflow_stateful.core.errors.FencedError`.
         """
         every = every if every is not None else self._every
         interval = interval if interval is not None else self._interval
@@ -196,20 +190,21 @@ class TaskState:
         position = committed = start
         since = self._clock()
         for item in islice(iterable, start, None):
+            self._session.ensure_alive()  # a zombie stops here, before doing an item twice
             if self.stop_requested:
                 self._cursors[key] = position
-                info = self._commit()
+                info = self._commit(self._value, dict(self._cursors))
                 raise StopRequested(
                     f"stop requested after {position} items; progress saved in checkpoint {info.seq}"
                 )
             yield item
             position += 1
-            self._cursors[key] = position
+            self._cursors[key] = position  # where this loop is; committed with the next checkpoint
             due_items = every is not None and position % every == 0
             due_time = interval is not None and self._clock() - since >= interval.total_seconds()
             if due_items or due_time:
-                self._commit()
+                self._commit(self._value, dict(self._cursors))
                 committed, since = position, self._clock()
         self._cursors[key] = position
         if position != committed or not self._cursors_saved(key, position):
-            self._commit()
+            self._commit(self._value, dict(self._cursors))

@@ -38,10 +38,12 @@ from kubernetes.client import models as k8s
 from airflow_stateful.client.settings import PodSettings
 from airflow_stateful.core import CheckpointStore, Identity, store_from_url
 from airflow_stateful.core.records import WriterInfo
+from airflow_stateful.kubernetes.pods import run_label
 from airflow_stateful.operators.kubernetes import (
     EPOCH_LABEL,
     IDENTITY_LABEL,
     RESTORE_CONTAINER,
+    RUN_LABEL,
     SIDECAR_CONTAINER,
     STATE_VOLUME,
     StatefulKubernetesPodOperator,
@@ -95,6 +97,19 @@ def make_context(*, run_id: str = "manual__1", try_number: int = 1, map_index: i
     return {"ti": ti, "dag_run": SimpleNamespace(run_id=run_id), "run_id": run_id, "dag": SimpleNamespace()}
 
 
+_OPERATORS: list[StatefulKubernetesPodOperator] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_sessions() -> Any:
+    """Operators whose pre-start step a test ran directly keep renewing their lease: stop that afterwards."""
+    yield
+    while _OPERATORS:
+        session = _OPERATORS.pop()._session
+        if session is not None:
+            session.close()
+
+
 def make_op(**kwargs: Any) -> StatefulKubernetesPodOperator:
     args: dict[str, Any] = {
         "task_id": "fit",
@@ -105,7 +120,9 @@ def make_op(**kwargs: Any) -> StatefulKubernetesPodOperator:
         "config_file": OFFLINE_KUBECONFIG,
         **kwargs,
     }
-    return StatefulKubernetesPodOperator(**args)
+    op = StatefulKubernetesPodOperator(**args)
+    _OPERATORS.append(op)
+    return op
 
 
 def checkpoints_at(url: str, identity: Identity) -> CheckpointStore:
@@ -261,7 +278,7 @@ def test_incompatible_checkpoint_fails_before_the_pod_and_stays_untouched(
     assert latest is not None and latest.schema_version == 1 and latest.value == {"done": [0, 1, 2]}
     head = store.head()
     assert head is not None and head.lease is None, "the lease is given back"
-    assert op._plan is None
+    assert op._pod_state is None and op._session is None
 
 
 def test_on_incompatible_restart_gives_the_pod_an_empty_checkpoint_at_the_new_schema(
@@ -314,9 +331,9 @@ def test_sidecar_mode_restores_in_an_init_container_and_saves_from_a_native_side
     restore, sidecar = inits(pod)[RESTORE_CONTAINER], inits(pod)[SIDECAR_CONTAINER]
     assert restore.command == ["python", "-m", "airflow_stateful.client", "restore", "/state"]
     assert restore.restart_policy is None and sidecar.restart_policy == "Always"
-    assert sidecar.command[:2] == ["sh", "-c"]
-    assert "trap 'python -m airflow_stateful.client save /state; exit $?' TERM" in sidecar.command[2]
-    assert "sleep 300 " in sidecar.command[2]
+    assert sidecar.command == [
+        *("python", "-m", "airflow_stateful.client", "sidecar", "--dir", "/state", "--every", "300s")
+    ], "the sidecar renews the lease, saves every save_every and once more on SIGTERM"
     for client in (restore, sidecar):
         assert client.image == "example/stateful-client:1"
         assert [e.secret_ref.name for e in client.env_from] == ["s3-creds"]
@@ -410,42 +427,43 @@ def test_choose_pods_reattaches_only_to_the_lease_holder_of_this_task_instance(s
     holder = op.build_pod_request_obj(context)
     store = checkpoints_at(state_url, Identity.parse(env_of(base(holder))["STATEFUL_IDENTITY"]))
     head = store.head()
-    task_labels = op._get_ti_pod_labels(context, include_try_number=False)
+    ours = {"run_id": "manual__1", "checked_label": op.POD_CHECKED_KEY}
 
     running = remote(holder, "Running")
-    chosen, stale = choose_pods([running], head=head, task_labels=task_labels, schema_version=1)
+    assert running.metadata.labels[RUN_LABEL] == run_label("manual__1")
+    chosen, stale = choose_pods([running], head=head, schema_version=1, **ours)
     assert chosen is running and stale == []
 
     older = remote(holder, "Running", **{EPOCH_LABEL: str(head.epoch - 1 if head else 0)})
     done = remote(holder, "Succeeded")
-    other_run = remote(holder, "Running", run_id="manual__2")
+    other_run = remote(holder, "Running", **{RUN_LABEL: run_label("manual__2")})
     checked = remote(holder, "Running", already_checked="True")
-    chosen, stale = choose_pods(
-        [older, done, other_run, checked], head=head, task_labels=task_labels, schema_version=1
-    )
+    chosen, stale = choose_pods([older, done, other_run, checked], head=head, schema_version=1, **ours)
     assert chosen is None, (
         "a stale epoch, a finished pod, another run's pod or a checked pod is never reattached"
     )
     assert stale == [older, other_run, checked], (
         "live pods that do not hold the lease are stale; done ones are left"
     )
-    chosen, _ = choose_pods([running], head=head, task_labels=task_labels, schema_version=2)
+    chosen, _ = choose_pods([running], head=head, schema_version=2, **ours)
     assert chosen is None, "code with another schema version does not reattach to an old pod"
     released = head.evolve(lease=None) if head else None
-    assert choose_pods([running], head=released, task_labels=task_labels, schema_version=1) == (
-        None,
-        [running],
-    )
+    assert choose_pods([running], head=released, schema_version=1, **ours) == (None, [running])
 
 
-def test_kpo_find_pod_selects_by_identity_and_epoch(state_url: str) -> None:
+def test_kpo_find_pod_selects_by_identity_epoch_and_run(state_url: str) -> None:
+    """KubernetesPodOperator's own (public) find_pod looks for the pod with the stateful labels."""
     context = make_context()
     op = make_op(labels={"team": "ml"})
-    plan = op.prepare_state(context)
-    selector = op._build_find_pod_label_selector(context)
-    assert f"{IDENTITY_LABEL}={identity_label(plan.identity)}" in selector.split(",")
-    assert f"{EPOCH_LABEL}={plan.lease.epoch}" in selector.split(",")
-    assert "team=ml" in selector.split(",")
+    state = op.prepare_state(context)
+    api = PodApi(op, lambda pod: "Running")
+    api.pods = [remote(op.build_pod_request_obj(context), "Running")]
+    assert op.find_pod("ml", context) is api.pods[0]
+    selector = api.client.list_namespaced_pod.call_args.kwargs["label_selector"].split(",")
+    assert f"{IDENTITY_LABEL}={identity_label(state.identity)}" in selector
+    assert f"{EPOCH_LABEL}={state.lease.epoch}" in selector
+    assert f"{RUN_LABEL}={run_label('manual__1')}" in selector
+    assert "team=ml" in selector
 
 
 # -- execute and on_kill against the kubernetes client's API classes -------------------------------------------
@@ -574,8 +592,8 @@ def test_on_kill_deletes_the_pod_with_its_grace_period_and_keeps_the_lease(state
         op.execute(context)
     api.client.delete_namespaced_pod.assert_called_once()
     assert api.client.delete_namespaced_pod.call_args.kwargs["grace_period_seconds"] == 90
-    assert op._plan is not None
-    head = checkpoints_at(state_url, op._plan.identity).head()
+    identity = Identity.for_task(dag_id="train", task_id="fit", run_id="manual__1")
+    head = checkpoints_at(state_url, identity).head()
     assert head is not None and head.lease is not None, (
         "the lease stays: the pod's final save must still commit"
     )

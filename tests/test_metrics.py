@@ -3,7 +3,7 @@
 A UDP socket on 127.0.0.1 plays the StatsD server; Airflow's ``[metrics]`` section (set by environment)
 points its real statsd client at it. Nothing is mocked: the packets are what a StatsD server would get.
 
-The tests marked "needs the call sites" exercise CheckpointStore / open_task_state and fail until the
+The tests marked "needs the call sites" exercise CheckpointStore / WriterSession and fail until the
 ``events.emit(...)`` lines are added to core/checkpoint_store.py and operators/stateful.py.
 """
 
@@ -166,13 +166,12 @@ def test_commit_restore_and_fencing_of_a_real_store_are_counted(
 
 
 def test_a_resume_is_counted(statsd_server: StatsdServer, checkpoints: CheckpointStore) -> None:
-    from airflow_stateful.operators.stateful import open_task_state
+    from airflow_stateful.core.session import WriterSession
 
     lease = checkpoints.acquire()
     checkpoints.commit(lease, {"step": 1})
-    state = open_task_state(
-        checkpoints, lease, lease.holder, schema_version=1, migrations={}, on_incompatible="fail"
-    )
-    assert state.resumed
+    checkpoints.release(lease)
+    with WriterSession(checkpoints=checkpoints, writer=lease.holder, heartbeat=False) as session:
+        assert session.start is not None and session.value == {"step": 1}
     statsd_server.wait_for("stateful.resumes")
     assert statsd_server.value("stateful.resumes") == ["1|c"]

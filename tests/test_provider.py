@@ -214,7 +214,7 @@ def test_airflow_config_lists_the_stateful_section_with_defaults() -> None:
 
 def test_settings_use_the_documented_default_backend(tmp_path: Path) -> None:
     """An empty backend_url means a directory under AIRFLOW_HOME (the embedded default)."""
-    code = "from airflow_stateful.config import StatefulSettings; s = StatefulSettings.load(); print(s.backend_url, s.keep_last)"
+    code = "from airflow_stateful.config import load_settings; s = load_settings(); print(s.backend_url, s.keep_last)"
     env = dict(os.environ, AIRFLOW_HOME=str(tmp_path))
     env.pop("AIRFLOW__STATEFUL__BACKEND_URL", None)
     out = subprocess.run(

@@ -8,6 +8,7 @@ import pytest
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo
 from airflow_stateful.core.errors import InvalidValueError, StopRequested
+from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.task_state import TaskState
 
@@ -16,17 +17,8 @@ def open_state(root: Path, *, every: int | None = 10) -> tuple[TaskState, Checkp
     checkpoints = CheckpointStore(
         store=LocalObjectStore(root=root), identity=Identity.parse("d/t/run=r/map=-1")
     )
-    lease = checkpoints.acquire(steal=True)
-    start = checkpoints.latest()
-    state = TaskState(
-        checkpoints=checkpoints,
-        lease=lease,
-        writer=WriterInfo(try_number=1),
-        start=start,
-        value=start.value if start else None,
-        checkpoint_every=every,
-    )
-    return state, checkpoints
+    session = WriterSession(checkpoints=checkpoints, writer=WriterInfo(try_number=1), heartbeat=False).open()
+    return TaskState(session=session, checkpoint_every=every), checkpoints
 
 
 def test_resume_commits_every_n_and_once_at_the_end(tmp_path: Path) -> None:
@@ -88,20 +80,14 @@ def test_a_new_run_of_a_named_identity_keeps_the_value_but_not_the_position(tmp_
     )
 
     def run(run_id: str, rows: list[str]) -> list[str]:
-        lease = checkpoints.acquire(steal=True)
-        start = checkpoints.latest()
-        state = TaskState(
-            checkpoints=checkpoints,
-            lease=lease,
-            writer=WriterInfo(run_id=run_id, try_number=1),
-            start=start,
-            value=start.value if start else None,
-        )
-        seen = []
-        for row in state.resume(rows):
-            seen.append(row)
-            state.value = row
-        checkpoints.release(lease)
+        with WriterSession(
+            checkpoints=checkpoints, writer=WriterInfo(run_id=run_id, try_number=1)
+        ) as session:
+            state = TaskState(session=session)
+            seen = []
+            for row in state.resume(rows):
+                seen.append(row)
+                state.value = row
         return seen
 
     assert run("run-1", ["a", "b", "c"]) == ["a", "b", "c"]

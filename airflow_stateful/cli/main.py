@@ -53,10 +53,10 @@ def resolve_backend(url: str | None) -> str:
     if os.environ.get("AIRFLOW__STATEFUL__BACKEND_URL"):
         return os.environ["AIRFLOW__STATEFUL__BACKEND_URL"]
     try:
-        from airflow_stateful.config import StatefulSettings
+        from airflow_stateful.config import load_settings
     except ImportError:  # pragma: no cover - Airflow is a dependency of the package
         raise ConfigurationError("no backend: pass --backend s3://bucket/prefix or file:///path") from None
-    return StatefulSettings.load().backend_url
+    return load_settings().backend_url
 
 
 def connection_options(url: str, conn_id: str | None) -> dict[str, Any]:

@@ -1,27 +1,26 @@
-"""``python -m airflow_stateful.client restore DIR | save DIR | run --dir DIR --every 5m -- CMD ARGS...``."""
+"""``python -m airflow_stateful.client restore DIR | save DIR | run --dir DIR --every 5m -- CMD ARGS... |
+sidecar --dir DIR --every 5m``."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from airflow_stateful.client.pod import EXIT_CONFIG, EXIT_FENCED, restore, run, save
+from airflow_stateful.client.pod import EXIT_CONFIG, EXIT_FENCED, pod_session, restore, run, save, sidecar
 from airflow_stateful.client.settings import PodSettings
+from airflow_stateful.core.durations import positive_duration
 from airflow_stateful.core.errors import FencedError, StatefulError
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smh]?)$")
 
-
-def parse_duration(text: str) -> float:
-    """``"90"``, ``"30s"``, ``"5m"``, ``"1h"`` -> seconds."""
-    match = _DURATION.match(text.strip())
-    if not match or float(match.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"not a positive duration: {text!r} (use e.g. 30s, 5m, 1h)")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+def seconds(text: str) -> float:
+    """``"90"``, ``"30s"``, ``"5m"``, ``"1h"`` -> seconds (argparse type)."""
+    try:
+        return positive_duration(text, what="--every").total_seconds()
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,8 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("save", help="commit DIR as a checkpoint").add_argument("dir", type=Path)
     run_p = sub.add_parser("run", help="restore, run a command, save periodically and on exit")
     run_p.add_argument("--dir", type=Path, required=True)
-    run_p.add_argument("--every", type=parse_duration, default=parse_duration("5m"))
+    run_p.add_argument("--every", type=seconds, default=seconds("5m"))
     run_p.add_argument("command", nargs=argparse.REMAINDER)
+    side = sub.add_parser("sidecar", help="renew the lease and save DIR periodically and on SIGTERM")
+    side.add_argument("--dir", type=Path, required=True)
+    side.add_argument("--every", type=seconds, default=seconds("5m"))
     return parser
 
 
@@ -41,12 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = PodSettings.from_env()
-        if args.verb == "restore":
-            restore(settings, args.dir)
+        if args.verb in ("restore", "save"):
+            with pod_session(settings, heartbeat=False) as session:
+                (restore if args.verb == "restore" else save)(session, args.dir)
             return 0
-        if args.verb == "save":
-            save(settings, args.dir)
-            return 0
+        if args.verb == "sidecar":
+            return sidecar(settings, args.dir, every=args.every)
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
             print("run needs a command after --", file=sys.stderr)

@@ -1,4 +1,10 @@
-"""restore / save / run: what the in-pod client does, as functions the CLI and tests call.
+"""restore / save / run / sidecar: what the in-pod client does, as functions the CLI and tests call.
+
+Every verb opens a :class:`~airflow_stateful.core.session.WriterSession` on the lease the operator took for
+this pod (adopted, never released: the operator releases it). Opening renews the lease once, which proves it
+is still this pod's before anything is restored or saved; ``run`` and ``sidecar`` keep renewing it in the
+background, so a pod may compute for hours between two saves, and stop the job at once if a newer try took
+the lease over.
 
 Exit codes a pod's command line can rely on: the wrapped command's own code for ``run``; 0 for success;
 2 when the client is misconfigured or the checkpoint does not fit this pod (schema version); 3 when the pod
@@ -13,29 +19,25 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from airflow_stateful.client.settings import VALUE_FILE, PodSettings
 from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.errors import FencedError, IncompatibleStateError
+from airflow_stateful.core.errors import FencedError
 from airflow_stateful.core.records import Manifest, WriterInfo
+from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.stores.registry import store_from_url
 
 log = logging.getLogger("airflow_stateful.client")
 
 EXIT_CONFIG = 2
 EXIT_FENCED = 3
-
-
-def open_checkpoints(settings: PodSettings) -> CheckpointStore:
-    options: dict[str, Any] = {}
-    if settings.endpoint_url and settings.backend_url.startswith("s3://"):
-        options["endpoint_url"] = settings.endpoint_url
-    store = store_from_url(settings.backend_url, **options)
-    return CheckpointStore(store=store, identity=settings.identity, keep_last=settings.keep_last)
+_POLL = 0.5
+"""How often ``run`` looks at its job and at the lease between saves (seconds)."""
 
 
 def writer_from_env(env: dict[str, str] | None = None) -> WriterInfo:
@@ -52,28 +54,43 @@ def writer_from_env(env: dict[str, str] | None = None) -> WriterInfo:
     )
 
 
-def restore(
-    settings: PodSettings, directory: Path, checkpoints: CheckpointStore | None = None
-) -> Manifest | None:
+@contextmanager
+def pod_session(settings: PodSettings, *, heartbeat: bool) -> Iterator[WriterSession]:
+    """The pod's writer session on the operator's lease; the store is closed afterwards."""
+    options = {"endpoint_url": settings.endpoint_url} if settings.endpoint_url else {}
+    store = store_from_url(
+        settings.backend_url, **(options if settings.backend_url.startswith("s3://") else {})
+    )
+    checkpoints = CheckpointStore(
+        store=store, identity=settings.identity, keep_last=settings.keep_last, lease_ttl=settings.lease_ttl
+    )
+    session = WriterSession(
+        checkpoints=checkpoints,
+        writer=writer_from_env(),
+        schema_version=settings.schema_version,
+        lease=settings.lease(),
+        heartbeat=heartbeat,
+    )
+    try:
+        with session:
+            yield session
+    finally:
+        store.close()
+
+
+def restore(session: WriterSession, directory: Path) -> Manifest | None:
     """Bring the latest checkpoint's files into ``directory`` and its value into ``<directory>/.stateful-value.json``."""
-    checkpoints = checkpoints or open_checkpoints(settings)
-    latest = checkpoints.latest()
+    latest = session.latest
     directory.mkdir(parents=True, exist_ok=True)
     if latest is None:
-        log.info("no checkpoint for %s: starting fresh", settings.identity)
+        log.info("no checkpoint for %s: starting fresh", session.identity)
         return None
-    if latest.schema_version != settings.schema_version:
-        raise IncompatibleStateError(
-            f"checkpoint {latest.seq} of {settings.identity} has schema_version {latest.schema_version}, this pod "
-            f"expects {settings.schema_version}; the operator migrates state before the pod starts, so this pod "
-            "was started by a different operator version. Nothing was restored."
-        )
-    restored = checkpoints.restore_files(latest, directory)
-    (directory / VALUE_FILE).write_text(json.dumps(latest.value))
+    restored = session.restore_files(directory)
+    (directory / VALUE_FILE).write_text(json.dumps(session.value))
     log.info(
         "restored checkpoint %d of %s (written by %s at %s): %d file(s)",
         latest.seq,
-        settings.identity,
+        session.identity,
         latest.writer.describe(),
         latest.created_at,
         len(restored),
@@ -81,61 +98,95 @@ def restore(
     return latest
 
 
-def save(settings: PodSettings, directory: Path, checkpoints: CheckpointStore | None = None) -> Manifest:
+def save(session: WriterSession, directory: Path) -> Manifest:
     """Commit ``directory`` (and the value in its ``.stateful-value.json``) with the epoch the pod was given."""
-    checkpoints = checkpoints or open_checkpoints(settings)
     value_file = directory / VALUE_FILE
     value = json.loads(value_file.read_text()) if value_file.exists() else None
     extra = {"image": os.environ["STATEFUL_IMAGE"]} if os.environ.get("STATEFUL_IMAGE") else None
-    manifest = checkpoints.commit(
-        settings.lease(),
-        value,
-        files=directory,
-        exclude=(VALUE_FILE,),
-        schema_version=settings.schema_version,
-        writer=writer_from_env(),
-        extra=extra,
-    )
-    log.info("saved checkpoint %d of %s (%d file(s))", manifest.seq, settings.identity, len(manifest.files))
+    manifest = session.commit(value, files=directory, exclude=(VALUE_FILE,), extra=extra, keep_files=False)
+    log.info("saved checkpoint %d of %s (%d file(s))", manifest.seq, session.identity, len(manifest.files))
     return manifest
+
+
+def _periodic_save(session: WriterSession, directory: Path) -> None:
+    """A save between the final ones: a store hiccup is logged, not fatal (the heartbeat judges the lease)."""
+    try:
+        save(session, directory)
+    except FencedError:
+        raise
+    except Exception as exc:
+        log.warning("periodic save failed (%s); the next one or the final save retries", exc)
+
+
+@contextmanager
+def _stop_signals() -> Iterator[threading.Event]:
+    """While inside, SIGTERM and SIGINT set the returned event instead of ending the process."""
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stopping
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run(settings: PodSettings, directory: Path, command: Sequence[str], *, every: float) -> int:
     """Restore, run ``command``, save every ``every`` seconds, on its exit and on SIGTERM; return its code.
 
     SIGTERM and SIGINT are forwarded to the command; once it exits, the final save runs (within the pod's
-    grace period). If a save is fenced, the command is terminated and the exit code is 3.
+    grace period). If the lease is lost (a save is fenced, or the heartbeat finds it taken over), the command
+    is terminated at once and the exit code is 3.
     """
-    checkpoints = open_checkpoints(settings)
-    restore(settings, directory, checkpoints)
-    child = subprocess.Popen(list(command))
-    stopping = threading.Event()
+    with pod_session(settings, heartbeat=True) as session, _stop_signals() as stopping:
+        restore(session, directory)
+        child = subprocess.Popen(list(command))
+        forwarded = False
+        try:
+            next_save = time.monotonic() + every
+            while True:
+                try:
+                    code = child.wait(timeout=_POLL)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if stopping.is_set() and not forwarded:
+                    child.send_signal(signal.SIGTERM)  # the final save follows the command's exit
+                    forwarded = True
+                session.ensure_alive()  # a lost lease stops the job now, not at the next save
+                if not stopping.is_set() and time.monotonic() >= next_save:
+                    _periodic_save(session, directory)
+                    next_save = time.monotonic() + every
+            save(session, directory)
+            log.info("command exited with %d%s", code, " after a stop signal" if stopping.is_set() else "")
+            return code
+        except FencedError as exc:
+            log.error("FENCED: %s", exc)
+            if child.poll() is None:
+                child.terminate()
+                child.wait()
+            return EXIT_FENCED
 
-    def forward(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-        if child.poll() is None:
-            child.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while True:
-            try:
-                code = child.wait(timeout=every)
-                break
-            except subprocess.TimeoutExpired:
-                if stopping.is_set():
-                    continue  # the command is shutting down; the final save follows its exit
-                save(settings, directory, checkpoints)
-        save(settings, directory, checkpoints)
-        log.info("command exited with %d%s", code, " after a stop signal" if stopping.is_set() else "")
-        return code
-    except FencedError as exc:
-        log.error("FENCED: %s", exc)
-        if child.poll() is None:
-            child.terminate()
-            child.wait()
-        return EXIT_FENCED
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        checkpoints.store.close()
+def sidecar(settings: PodSettings, directory: Path, *, every: float) -> int:
+    """Keep the lease alive and save ``directory`` every ``every`` seconds, and once more on SIGTERM.
+
+    The native-sidecar form of ``run`` for images that cannot be changed: the kubelet sends SIGTERM when the
+    job container ends or the pod is deleted. Returns 0, or 3 once the lease is lost.
+    """
+    with pod_session(settings, heartbeat=True) as session, _stop_signals() as stopping:
+        try:
+            next_save = time.monotonic() + every
+            while not stopping.wait(_POLL):
+                session.ensure_alive()
+                if time.monotonic() >= next_save:
+                    _periodic_save(session, directory)
+                    next_save = time.monotonic() + every
+            save(session, directory)
+            return 0
+        except FencedError as exc:
+            log.error("FENCED: %s", exc)
+            return EXIT_FENCED

@@ -6,15 +6,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from airflow_stateful.core.config import StatefulSettings, parse_int
 from airflow_stateful.core.errors import ConfigurationError
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import Lease
 from airflow_stateful.core.records import WriterInfo
 
 VALUE_FILE = ".stateful-value.json"
+_REQUIRED = ("STATEFUL_IDENTITY", "STATEFUL_BACKEND_URL", "STATEFUL_EPOCH", "STATEFUL_LEASE_TOKEN")
 
 
-def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 1) -> int:
+def _int(env: Mapping[str, str], name: str, *, default: int | None = None, minimum: int = 1) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         if default is None:
@@ -22,40 +24,44 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum:
                 f"{name} is not set; the pod must be started by StatefulKubernetesPodOperator"
             )
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigurationError(f"{name} must be an integer, not {raw!r}") from None
-    if value < minimum:
-        raise ConfigurationError(f"{name} must be >= {minimum}, not {value}")
-    return value
+    return parse_int(raw, what=name, minimum=minimum)
 
 
 @dataclass(frozen=True)
 class PodSettings:
+    """The pod's identity, lease and store, from the environment StatefulKubernetesPodOperator rendered."""
+
     identity: Identity
     backend_url: str
     epoch: int
     lease_token: str
     schema_version: int
     keep_last: int
+    lease_ttl: float
     endpoint_url: str | None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PodSettings:
         env = os.environ if env is None else env
-        for name in ("STATEFUL_IDENTITY", "STATEFUL_BACKEND_URL", "STATEFUL_LEASE_TOKEN"):
+        for name in _REQUIRED:
             if not env.get(name):
                 raise ConfigurationError(
                     f"{name} is not set; the pod must be started by StatefulKubernetesPodOperator"
                 )
+        # The shared options (ttl, keep_last) are parsed like [stateful]'s, with the same defaults.
+        shared = StatefulSettings.from_options(
+            lambda option: env.get(f"STATEFUL_{option.upper()}"),
+            default_backend_url=env["STATEFUL_BACKEND_URL"],
+            source=lambda option: f"STATEFUL_{option.upper()}",
+        )
         return cls(
             identity=Identity.parse(env["STATEFUL_IDENTITY"]),
             backend_url=env["STATEFUL_BACKEND_URL"],
             epoch=_int(env, "STATEFUL_EPOCH"),
             lease_token=env["STATEFUL_LEASE_TOKEN"],
             schema_version=_int(env, "STATEFUL_SCHEMA_VERSION", default=1),
-            keep_last=_int(env, "STATEFUL_KEEP_LAST", default=3),
+            keep_last=shared.keep_last,
+            lease_ttl=shared.lease_ttl,
             endpoint_url=env.get("STATEFUL_S3_ENDPOINT_URL") or None,
         )
 

@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from airflow_stateful.core.errors import (
     ObjectNotFoundError,
@@ -67,7 +67,7 @@ def compare_and_swap(
     decide: Callable[[T | None], T | None],
     *,
     read: Callable[[bytes], T | None],
-    encode: Callable[[T], bytes],
+    encode: Callable[[Any], bytes],
     start: tuple[T | None, str | None] | None = None,
     backoff: Backoff = DEFAULT_BACKOFF,
     what: str = "object",

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from airflow_stateful.core import events
+from airflow_stateful.core import config, events
 from airflow_stateful.core.codecs import JSON, encode_value
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
@@ -41,7 +41,14 @@ from airflow_stateful.core.errors import (
 from airflow_stateful.core.files import LocalFile, collect_files, safe_relative
 from airflow_stateful.core.head import HeadStore
 from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.lease import Lease, acquire_decision, check_holder
+from airflow_stateful.core.lease import (
+    Lease,
+    acquire_decision,
+    break_decision,
+    check_holder,
+    lease_of,
+    renewed,
+)
 from airflow_stateful.core.progress import TransferProgress, human_bytes
 from airflow_stateful.core.records import (
     DATA_DIR,
@@ -49,7 +56,6 @@ from airflow_stateful.core.records import (
     CheckpointEntry,
     FileEntry,
     HeadRecord,
-    LeaseRecord,
     Manifest,
     WriterInfo,
     data_commit_of,
@@ -62,8 +68,8 @@ from airflow_stateful.version import __version__
 
 log = logging.getLogger("airflow_stateful")
 
-DEFAULT_LEASE_TTL = 600.0
-DEFAULT_KEEP_LAST = 3
+DEFAULT_LEASE_TTL = float(config.LEASE_TTL)
+DEFAULT_KEEP_LAST = config.KEEP_LAST
 _PROGRESS_MIN_BYTES = 64 * 1024 * 1024
 _DELETE_BATCH = 16
 
@@ -104,10 +110,12 @@ class CheckpointStore:
         return f"CheckpointStore(identity={self.identity.key!r}, store={self.store!r})"
 
     # -- leases --------------------------------------------------------------------------------------------
-    def acquire(self, *, holder: WriterInfo | None = None, steal: bool = False) -> Lease:
+    def acquire(self, *, holder: WriterInfo | None = None, steal: bool = False, grace: float = 0.0) -> Lease:
         """Take the lease, raising the epoch so every earlier writer is fenced.
 
         :param steal: take it even from a live holder (an Airflow retry knows its earlier try is over).
+        :param grace: without ``steal``, also respect a lease expired less than this long ago (maintenance
+            passes the lease grace, so it never takes over a lease whose holder may still be renewing it).
         """
         holder = holder or WriterInfo.current()
         token = uuid.uuid4().hex
@@ -120,36 +128,24 @@ class CheckpointStore:
                 ttl=self.lease_ttl,
                 steal=steal,
                 token=token,
+                grace=grace,
             )
         )
         assert head.lease is not None
         previous = f"; fenced epoch {head.epoch - 1}" if head.epoch > 1 else ""
         log.info("took the lease on %s at epoch %d%s", self.identity, head.epoch, previous)
-        return Lease(
-            identity=self.identity,
-            epoch=head.epoch,
-            token=head.lease.token,
-            holder=holder,
-            expires_at=head.lease.expires_at,
-        )
+        return lease_of(self.identity, head.lease)
 
     def renew(self, lease: Lease) -> Lease:
-        """Extend the lease by ``lease_ttl``; FencedError if it was taken over."""
+        """Extend the lease to ``lease_ttl`` from now; FencedError if it was taken over or broken."""
 
         def decide(head: HeadRecord | None) -> HeadRecord:
             head = check_holder(head, lease, action="renew the lease on")
-            assert head.lease is not None
-            return head.evolve(lease=self._extended(head))
+            return renewed(head, now=self.clock(), ttl=self.lease_ttl)
 
         head = self.heads.update(decide, fresh=False)
         assert head.lease is not None
-        return Lease(
-            identity=lease.identity,
-            epoch=lease.epoch,
-            token=lease.token,
-            holder=lease.holder,
-            expires_at=head.lease.expires_at,
-        )
+        return replace(lease, expires_at=head.lease.expires_at)
 
     def release(self, lease: Lease) -> bool:
         """Give the lease up (the epoch stays). Returns False, without error, if it was already taken over."""
@@ -163,23 +159,21 @@ class CheckpointStore:
             self.flush_deletes()
         return True
 
-    def break_lease(self) -> HeadRecord | None:
-        """Remove any lease and raise the epoch, fencing its holder. ``None`` if the identity has no head."""
+    def break_lease(self, *, grace: float | None = None, token: str | None = None) -> HeadRecord | None:
+        """Remove the lease and raise the epoch, fencing its holder. ``None`` if the identity has no head.
+
+        :param grace: ``None`` breaks any lease (``airflow-stateful unlock --force``). A number breaks it only
+            if it has gone unrenewed for longer than its ttl plus ``grace`` (judged inside the
+            compare-and-swap, so a renewal that lands first wins) and raises LeaseHeldError otherwise.
+        :param token: break only this lease (the one the caller judged), never a newer one.
+        """
         if self.heads.load()[0] is None:
             return None
-
-        def decide(head: HeadRecord | None) -> HeadRecord:
-            if head is None:
-                raise CheckpointNotFoundError(f"identity {self.identity} has no state")
-            return head.evolve(epoch=head.epoch + 1, lease=None)
-
-        head = self.heads.update(decide)
+        head = self.heads.update(
+            lambda h: break_decision(h, identity=self.identity, now=self.clock(), grace=grace, token=token)
+        )
         log.warning("broke the lease on %s; epoch is now %d", self.identity, head.epoch)
         return head
-
-    def _extended(self, head: HeadRecord) -> LeaseRecord:
-        assert head.lease is not None
-        return replace(head.lease, expires_at=utcnow_iso(self.clock() + self.lease_ttl))
 
     # -- commit --------------------------------------------------------------------------------------------
     def commit(
@@ -194,6 +188,7 @@ class CheckpointStore:
         value_codec: str = JSON,
         keep_files_from: Manifest | None = None,
         exclude: Collection[str] = (),
+        check: Callable[[], None] | None = None,
     ) -> Manifest:
         """Make ``value`` (and the files below ``files``) the identity's newest checkpoint, atomically.
 
@@ -204,6 +199,8 @@ class CheckpointStore:
             files (by reference, nothing is copied); retention keeps their data while any kept checkpoint
             refers to it.
         :param exclude: relative paths below ``files`` not to checkpoint.
+        :param check: called before each upload and before the manifest is written; raising there aborts the
+            commit with nothing made visible (a :class:`WriterSession` stops a writer that lost its lease).
         """
         if lease.identity != self.identity:
             raise ValueError(f"lease is for {lease.identity}, not {self.identity}")
@@ -237,7 +234,7 @@ class CheckpointStore:
         if files is None and keep_files_from is not None:
             entries = list(keep_files_from.files)
         else:
-            entries = self._upload(local_files, commit_id)
+            entries = self._upload(local_files, commit_id, check)
 
         manifest = Manifest(
             identity=self.identity.key,
@@ -254,6 +251,8 @@ class CheckpointStore:
             extra=dict(extra or {}),
         )
         body = manifest.to_bytes()
+        if check is not None:
+            check()
         manifest_key = f"{self.identity.key}/{MANIFEST_DIR}/{seq:012d}-{commit_id}.json"
         self.store.put(manifest_key, body, if_none_match=True)
         entry = CheckpointEntry(
@@ -283,7 +282,11 @@ class CheckpointStore:
                 )
             keep, drop = self.retention.split([*current.checkpoints, entry])
             dropped[:], kept[:] = drop, keep
-            return current.evolve(next_seq=seq + 1, checkpoints=tuple(keep), lease=self._extended(current))
+            return renewed(
+                current.evolve(next_seq=seq + 1, checkpoints=tuple(keep)),
+                now=self.clock(),
+                ttl=self.lease_ttl,
+            )
 
         try:
             self.heads.update(decide, fresh=False)
@@ -311,7 +314,9 @@ class CheckpointStore:
             self.flush_deletes(kept)
         return manifest
 
-    def _upload(self, local_files: list[LocalFile], commit_id: str) -> list[FileEntry]:
+    def _upload(
+        self, local_files: list[LocalFile], commit_id: str, check: Callable[[], None] | None
+    ) -> list[FileEntry]:
         total = sum(f.size for f in local_files)
         progress = None
         if total >= _PROGRESS_MIN_BYTES:
@@ -322,6 +327,8 @@ class CheckpointStore:
             )
         entries = []
         for index, local in enumerate(local_files):
+            if check is not None:
+                check()
             key = f"{self.identity.key}/{DATA_DIR}/{commit_id}/{index}"
             stored = self.store.upload_file(key, local.path, progress=progress)
             entries.append(FileEntry(path=local.rel, key=key, size=stored.size, sha256=stored.sha256))
@@ -340,7 +347,8 @@ class CheckpointStore:
         if not entries:
             return
         if kept is None:
-            head = self.heads.cached()
+            # A fresh read, never a cached copy: a newer kept checkpoint may share data with the dropped ones.
+            head = self.heads.load()[0]
             kept = list(head.checkpoints) if head else []
         protected = {ref for e in kept for ref in e.data_refs}
         try:

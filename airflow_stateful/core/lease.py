@@ -5,19 +5,26 @@ compare-and-swap that succeeds only while the head still carries the writer's ep
 writer whose lease was taken over (a zombie try, a pod left behind by a restarted worker) gets
 :class:`FencedError` on its next commit and can never overwrite newer state.
 
-Leases expire after their TTL so a crashed holder does not block the identity forever; a live lease is
-respected unless the caller steals it (a retry, which knows the earlier try is over) or breaks it
-explicitly (an operator's ``unlock``). Expiry is judged on the caller's clock: keep clocks in sync (NTP).
+A lease lives as long as its holder renews it (:class:`~airflow_stateful.core.session.WriterSession` does so
+in the background at about a third of the ttl; every commit renews it too). A crashed holder stops renewing
+and its lease expires one ttl after the last renewal. Then:
+
+* another writer may take it without stealing (a retry always steals: it knows the earlier try is over);
+* maintenance (GC) may *break* it only once it has been expired for a further ``grace`` period, which
+  absorbs clock skew between the renewing host and the judging one.
+
+Every decision below is a pure function of the current head, run inside the compare-and-swap, so it is
+always judged on the head as it is when the write lands. See docs/adr/0003-lease-renewal-and-maintenance.md.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from airflow_stateful.core.errors import FencedError, LeaseHeldError
 from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import HeadRecord, LeaseRecord, WriterInfo, parse_iso, utcnow_iso
+from airflow_stateful.core.records import HeadRecord, LeaseRecord, WriterInfo, utcnow_iso
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,7 @@ class Lease:
     token: str
     holder: WriterInfo
     expires_at: str
+    acquired_at: str = ""
 
 
 def new_lease_record(
@@ -40,6 +48,18 @@ def new_lease_record(
         holder=holder,
         acquired_at=utcnow_iso(now),
         expires_at=utcnow_iso(now + ttl),
+    )
+
+
+def lease_of(identity: Identity, record: LeaseRecord) -> Lease:
+    """The writer's view of a lease record (to adopt a lease someone else took for this writer)."""
+    return Lease(
+        identity=identity,
+        epoch=record.epoch,
+        token=record.token,
+        holder=record.holder,
+        expires_at=record.expires_at,
+        acquired_at=record.acquired_at,
     )
 
 
@@ -66,6 +86,13 @@ def check_holder(head: HeadRecord | None, lease: Lease, *, action: str) -> HeadR
     return head
 
 
+def renewed(head: HeadRecord, *, now: float, ttl: float) -> HeadRecord:
+    """``head`` with its lease extended to ``now + ttl`` (the holder was checked by the caller)."""
+    assert head.lease is not None
+    lease = replace(head.lease, expires_at=utcnow_iso(now + ttl), renewed_at=utcnow_iso(now))
+    return head.evolve(lease=lease)
+
+
 def acquire_decision(
     head: HeadRecord | None,
     *,
@@ -75,25 +102,54 @@ def acquire_decision(
     ttl: float,
     steal: bool,
     token: str,
+    grace: float = 0.0,
 ) -> HeadRecord:
     """The head after ``holder`` takes the lease, or LeaseHeldError if a live lease stands and ``steal`` is off.
 
     ``token`` is chosen once per acquire, so a retried attempt recognises its own lease in the head.
+    ``grace``: how long past its expiry a lease still counts as held (maintenance passes the lease grace).
     """
     if head is not None and head.lease is not None and head.lease.token == token:
         return head
     base = head or HeadRecord(identity=identity.key)
-    if base.lease is not None and not base.lease.expired(now) and not steal:
+    if base.lease is not None and not base.lease.dead(now, grace=grace) and not steal:
         lease = base.lease
         raise LeaseHeldError(
-            f"identity {identity} is leased by {lease.holder.describe()} (epoch {lease.epoch}) until "
-            f"{lease.expires_at}. Wait for it to finish or expire, or break it with "
-            f"`airflow-stateful unlock {identity}`."
+            f"identity {identity} is leased by {lease.holder.describe()} (epoch {lease.epoch}, last renewed "
+            f"{lease.last_renewed}) until {lease.expires_at}. Wait for it to finish or expire, or break it "
+            f"with `airflow-stateful unlock {identity}`."
         )
     epoch = base.epoch + 1
     record = new_lease_record(epoch=epoch, holder=holder, now=now, ttl=ttl, token=token)
     return base.evolve(epoch=epoch, lease=record)
 
 
-def seconds_left(lease: LeaseRecord, now: float) -> float:
-    return parse_iso(lease.expires_at) - now
+def break_decision(
+    head: HeadRecord | None,
+    *,
+    identity: Identity,
+    now: float,
+    grace: float | None,
+    token: str | None = None,
+) -> HeadRecord:
+    """The head without its lease and with a raised epoch, which fences the holder.
+
+    :param grace: ``None`` breaks any lease (an explicit ``unlock --force``); a number breaks only a lease
+        unrenewed for longer than its ttl plus ``grace``, and raises LeaseHeldError otherwise.
+    :param token: break only this lease; LeaseHeldError if another one (a newer acquisition) stands.
+    """
+    if head is None:
+        raise LeaseHeldError(f"identity {identity} has no head record; there is no lease to break")
+    lease = head.lease
+    if lease is not None and grace is not None:
+        if token is not None and lease.token != token:
+            raise LeaseHeldError(
+                f"identity {identity} was leased anew by {lease.holder.describe()} (epoch {lease.epoch})"
+            )
+        if not lease.dead(now, grace=grace):
+            raise LeaseHeldError(
+                f"identity {identity} is leased by {lease.holder.describe()} (epoch {lease.epoch}), last "
+                f"renewed {lease.last_renewed}, until {lease.expires_at}; a renewed lease is live and is "
+                f"never broken by maintenance (grace {grace:g} s)."
+            )
+    return head.evolve(epoch=head.epoch + 1, lease=None)

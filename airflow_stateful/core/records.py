@@ -115,25 +115,43 @@ class WriterInfo:
 
 @dataclass(frozen=True)
 class LeaseRecord:
-    """The lease as stored in the head record."""
+    """The lease as stored in the head record.
+
+    ``expires_at`` is the last renewal (or commit, or the acquisition) plus the lease's ttl, on the clock of
+    the writer that renewed it; ``renewed_at`` is that renewal's time, for people and tools (records written
+    before renewals were recorded read it as ``acquired_at``).
+    """
 
     token: str
     epoch: int
     holder: WriterInfo
     acquired_at: str
     expires_at: str
+    renewed_at: str = ""
+
+    @property
+    def last_renewed(self) -> str:
+        return self.renewed_at or self.acquired_at
 
     def expired(self, now: float) -> bool:
+        """Past its expiry: another writer may take it without stealing."""
         return parse_iso(self.expires_at) <= now
 
+    def dead(self, now: float, *, grace: float) -> bool:
+        """Unrenewed for longer than its ttl plus ``grace``: maintenance may break it."""
+        return parse_iso(self.expires_at) + grace <= now
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "token": self.token,
             "epoch": self.epoch,
             "holder": self.holder.to_json(),
             "acquired_at": self.acquired_at,
             "expires_at": self.expires_at,
         }
+        if self.renewed_at:
+            body["renewed_at"] = self.renewed_at
+        return body
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LeaseRecord:
@@ -143,6 +161,7 @@ class LeaseRecord:
             holder=WriterInfo.from_json(data.get("holder")),
             acquired_at=data["acquired_at"],
             expires_at=data["expires_at"],
+            renewed_at=data.get("renewed_at") or "",
         )
 
 

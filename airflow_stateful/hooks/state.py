@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 from airflow.sdk import BaseHook
 
-from airflow_stateful.config import StatefulSettings
+from airflow_stateful.config import load_settings
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.records import WriterInfo
@@ -23,12 +23,16 @@ _EXTRA_KEYS = ("endpoint_url", "region_name", "aws_session_token", "addressing_s
 
 
 class StateHook(BaseHook):
-    """Opens the checkpoint store configured in ``[stateful]``.
+    """Opens the checkpoint store configured in ``[stateful]``: the one way Airflow-side code (operators,
+    sensors, triggers, the CLI, the UI, the state store backend) gets a store.
 
     :param backend_url: ``s3://bucket/prefix`` or ``file:///path``; default ``[stateful] backend_url``.
     :param conn_id: Airflow connection (type ``aws``) with S3 credentials and, for S3-compatible stores,
         ``endpoint_url`` in its extra; default ``[stateful] conn_id``. If the connection does not exist,
         boto3's standard credential chain is used.
+    :param lease_ttl: seconds a lease lives after its last renewal; default ``[stateful] lease_ttl``.
+    :param keep_last: checkpoints kept per identity; default ``[stateful] keep_last``.
+    :param endpoint_url: an S3 endpoint that overrides the connection's (the CLI's ``--endpoint-url``).
     """
 
     conn_name_attr = "conn_id"
@@ -41,16 +45,19 @@ class StateHook(BaseHook):
         *,
         backend_url: str | None = None,
         conn_id: str | None = None,
-        lease_ttl: int | None = None,
+        lease_ttl: float | None = None,
         keep_last: int | None = None,
+        endpoint_url: str | None = None,
     ) -> None:
         super().__init__()
         install_stats_listener()  # report commits, restores, fencing to Airflow's [metrics] backend
-        settings = StatefulSettings.load()
+        settings = load_settings()
         self.backend_url = backend_url or settings.backend_url
         self.conn_id = conn_id or settings.conn_id
         self.lease_ttl = lease_ttl or settings.lease_ttl
+        self.lease_grace = settings.lease_grace
         self.keep_last = keep_last or settings.keep_last
+        self.endpoint_url = endpoint_url
         self._store: ObjectStore | None = None
 
     def s3_options(self) -> dict[str, Any]:
@@ -84,14 +91,24 @@ class StateHook(BaseHook):
         return options
 
     def get_store(self) -> ObjectStore:
+        """The configured store (opened once per hook)."""
         if self._store is None:
-            scheme = urlparse(self.backend_url).scheme
-            options = self.s3_options() if scheme == "s3" else {}
+            options: dict[str, Any] = {}
+            if urlparse(self.backend_url).scheme == "s3":
+                options = self.s3_options()
+                if self.endpoint_url:
+                    options["endpoint_url"] = self.endpoint_url
             self._store = store_from_url(self.backend_url, **options)
         return self._store
 
     def get_conn(self) -> ObjectStore:
         return self.get_store()
+
+    def close(self) -> None:
+        """Release the store's connections and threads (a no-op if it was never opened)."""
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
     def checkpoint_store(self, identity: Identity) -> CheckpointStore:
         return CheckpointStore(

@@ -1,0 +1,96 @@
+"""Every setting a writer, a reader or maintenance shares, with its default, in one place.
+
+The same settings arrive by different roads: ``[stateful]`` in ``airflow.cfg`` (or ``AIRFLOW__STATEFUL__*``)
+for tasks, the CLI and the plugin (read by :mod:`airflow_stateful.config`), and ``STATEFUL_*`` environment
+variables for the in-pod client (:mod:`airflow_stateful.client.settings`). Both hand their raw text to
+:meth:`StatefulSettings.from_options`, so defaults and validation cannot drift apart, and
+``get_provider_info`` documents these same defaults. No Airflow import here: pods run this with only boto3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from airflow_stateful.core.durations import parse_duration
+from airflow_stateful.core.errors import ConfigurationError
+
+SECTION = "stateful"
+
+LEASE_TTL = 600
+"""Seconds a lease lives after its last renewal (or commit). Writers renew at about a third of it."""
+LEASE_GRACE = 60
+"""Seconds past a lease's expiry before maintenance may break it: covers clock skew between hosts."""
+KEEP_LAST = 3
+"""Committed checkpoints kept per identity."""
+CONN_ID = "aws_default"
+"""Airflow connection with the S3 credentials."""
+GC_MIN_AGE = timedelta(hours=1)
+"""Unreferenced objects younger than this are left alone by GC (an extra margin on top of the lease rules)."""
+RENEW_FRACTION = 1 / 3
+"""A writer renews its lease every ``lease_ttl * RENEW_FRACTION`` seconds (with jitter)."""
+
+
+def parse_int(raw: str, *, what: str, minimum: int) -> int:
+    """An integer option's text, at least ``minimum``; ConfigurationError naming ``what`` otherwise."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{what} must be an integer, not {raw!r}") from None
+    if value < minimum:
+        raise ConfigurationError(f"{what} must be >= {minimum}, not {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class StatefulSettings:
+    """The ``[stateful]`` options, validated. ``backend_url`` is ``""`` only before a default is applied."""
+
+    backend_url: str
+    conn_id: str = CONN_ID
+    lease_ttl: float = LEASE_TTL
+    lease_grace: float = LEASE_GRACE
+    keep_last: int = KEEP_LAST
+
+    @classmethod
+    def from_options(
+        cls,
+        get: Callable[[str], str | None],
+        *,
+        default_backend_url: str,
+        source: Callable[[str], str] = lambda option: f"[{SECTION}] {option}",
+    ) -> StatefulSettings:
+        """Build settings from raw option text (``get(option)`` is ``None`` or ``""`` when unset).
+
+        :param source: how to name an option in an error (``[stateful] lease_ttl``, ``STATEFUL_LEASE_TTL``).
+        """
+
+        def text(option: str) -> str | None:
+            raw = get(option)
+            return raw.strip() if isinstance(raw, str) and raw.strip() else None
+
+        def seconds(option: str, default: float, *, minimum: float) -> float:
+            raw = text(option)
+            if raw is None:
+                return float(default)
+            try:
+                value = parse_duration(raw, what=source(option)).total_seconds()
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
+            if value < minimum:
+                raise ConfigurationError(f"{source(option)} must be at least {minimum:g} s, not {raw!r}")
+            return value
+
+        def integer(option: str, default: int, *, minimum: int) -> int:
+            raw = text(option)
+            return default if raw is None else parse_int(raw, what=source(option), minimum=minimum)
+
+        return cls(
+            backend_url=text("backend_url") or default_backend_url,
+            # An empty conn_id is meaningful: no connection, boto3's standard credential chain.
+            conn_id=(get("conn_id") or "").strip() if get("conn_id") is not None else CONN_ID,
+            lease_ttl=seconds("lease_ttl", LEASE_TTL, minimum=1),
+            lease_grace=seconds("lease_grace", LEASE_GRACE, minimum=0),
+            keep_last=integer("keep_last", KEEP_LAST, minimum=1),
+        )

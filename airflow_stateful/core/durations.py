@@ -1,0 +1,44 @@
+"""Durations as people write them (``90``, ``30s``, ``5m``, ``12h``, ``30d``): one parser for every entry point.
+
+The CLI, the in-pod client, templated operator arguments and the ``[stateful]`` options all accept the same
+forms, so a value that works in one place works in all of them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd]?)$")
+
+
+def parse_duration(value: timedelta | str | float | int, *, what: str = "duration") -> timedelta:
+    """``timedelta``, a number of seconds, or text such as ``"30s"``, ``"5m"``, ``"12h"``, ``"30d"``.
+
+    Raises ValueError naming ``what`` and the bad value for anything else, including negative, infinite or
+    NaN values and booleans.
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.match(value.strip().lower())
+        if not match:
+            raise ValueError(f"{what} must be a duration such as 90, 30s, 5m, 12h or 30d, not {value!r}")
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    else:
+        raise ValueError(f"{what} must be a duration such as 90, 30s, 5m, 12h or 30d, not {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{what} must be a finite, non-negative duration, not {value!r}")
+    return timedelta(seconds=seconds)
+
+
+def positive_duration(value: timedelta | str | float | int, *, what: str = "duration") -> timedelta:
+    """Like :func:`parse_duration`, but zero is refused too."""
+    parsed = parse_duration(value, what=what)
+    if parsed <= timedelta(0):
+        raise ValueError(f"{what} must be a positive duration, not {value!r}")
+    return parsed

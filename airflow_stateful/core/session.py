@@ -1,0 +1,404 @@
+"""WriterSession: one writer's hold on an identity, for as long as its work runs.
+
+Every writer (a stateful task through :class:`~airflow_stateful.task_state.TaskState`, the Kubernetes
+operator, the in-pod client, the CLI's rollback) goes through this class, so there is one implementation of
+what makes a writer safe:
+
+* **open**: take the lease (a retry steals it, fencing every earlier try), or adopt a lease taken for this
+  writer (a pod adopts the operator's), then load and verify the newest checkpoint and apply the upgrade
+  rules: resume it, migrate it step by step (committing the migrated value before any user code runs), or
+  refuse / restart per ``on_incompatible``;
+* **heartbeat**: a daemon thread renews the lease every ``ttl/3`` or so (jittered), so a try may compute for
+  hours between two saves and still hold a live lease. A killed process stops renewing, and its lease
+  expires one ttl after the last renewal;
+* **lost**: if a renewal finds the lease taken over or broken, or cannot renew it before it expires (S3
+  unreachable for longer than the ttl), the session marks itself lost and logs it at ERROR level. The next
+  :meth:`commit` raises :class:`FencedError` before uploading anything, so a try that lost its lease stops
+  cheaply instead of uploading gigabytes that can never become visible;
+* **commit / release**: fenced commits through :class:`CheckpointStore`; on a clean end the lease is released.
+
+Expiry deadlines are kept on the monotonic clock: a deadline is the moment a renewal was *sent* plus the
+ttl, which is never later than the expiry the store records. See docs/adr/0003-lease-renewal-and-maintenance.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from airflow_stateful.core import config, events
+from airflow_stateful.core.checkpoint_store import CheckpointStore
+from airflow_stateful.core.codecs import JSON, check_codec, decode_value
+from airflow_stateful.core.errors import FencedError, IncompatibleStateError, InvalidValueError
+from airflow_stateful.core.lease import Lease, check_holder
+from airflow_stateful.core.migrations import migrate, migration_path, validate_schema
+from airflow_stateful.core.records import Manifest, WriterInfo
+
+log = logging.getLogger("airflow_stateful")
+
+ON_INCOMPATIBLE = ("fail", "restart")
+
+
+def describe_checkpoint(manifest: Manifest) -> str:
+    """``checkpoint 7 (written by try 2, at ..., schema 1, dag version ...)`` for task logs."""
+    writer = manifest.writer
+    parts = [f"try {writer.try_number}" if writer.try_number is not None else writer.describe()]
+    parts.append(f"at {manifest.created_at}")
+    parts.append(f"schema {manifest.schema_version}")
+    if writer.dag_version_id:
+        parts.append(f"dag version {writer.dag_version_id}")
+    return f"checkpoint {manifest.seq} (written by {', '.join(parts)})"
+
+
+class WriterSession:
+    """A writer's lease on one identity, renewed in the background, with fenced commits.
+
+    :param checkpoints: the identity's checkpoint store (its ``lease_ttl`` is the lease's ttl).
+    :param writer: who writes (recorded in the lease and in every checkpoint).
+    :param schema_version: the version of the value this code writes (an integer >= 1).
+    :param migrations: ``{v: fn}`` turning a version ``v`` value into a version ``v + 1`` one.
+    :param on_incompatible: ``"fail"`` (default) or ``"restart"`` (start empty; the old checkpoint stays in
+        history) when the newest checkpoint cannot be brought to ``schema_version``.
+    :param value_codec: ``"json"`` or ``"pickle"`` (opt-in by name, for writing and reading).
+    :param steal: take the lease even from a live holder (an Airflow retry: the earlier try is over).
+    :param lease: adopt this lease instead of taking one (a pod adopts the lease its operator took, an
+        operator adopts the lease of the running pod it reattaches to).
+    :param release_on_close: give the lease up when the session closes; default: only a lease this session
+        took itself (a pod never releases the lease its operator holds for it).
+    :param heartbeat: renew the lease in a background thread (turn off only where a test drives the clock).
+    :param renew_every: seconds between renewals; default ``lease_ttl / 3``. Each wait is jittered down by
+        up to 20 % so writers started together do not renew in lock-step.
+    """
+
+    def __init__(
+        self,
+        *,
+        checkpoints: CheckpointStore,
+        writer: WriterInfo,
+        schema_version: int = 1,
+        migrations: Mapping[int, Callable[[Any], Any]] | None = None,
+        on_incompatible: str = "fail",
+        value_codec: str = JSON,
+        steal: bool = True,
+        lease: Lease | None = None,
+        heartbeat: bool = True,
+        renew_every: float | None = None,
+        release_on_close: bool | None = None,
+    ) -> None:
+        self.migrations = validate_schema(schema_version, migrations)
+        if on_incompatible not in ON_INCOMPATIBLE:
+            raise InvalidValueError(
+                f"on_incompatible must be one of {', '.join(map(repr, ON_INCOMPATIBLE))}, not {on_incompatible!r}"
+            )
+        check_codec(value_codec)
+        if lease is not None and lease.identity != checkpoints.identity:
+            raise ValueError(f"lease is for {lease.identity}, not {checkpoints.identity}")
+        ttl = checkpoints.lease_ttl
+        every = ttl * config.RENEW_FRACTION if renew_every is None else float(renew_every)
+        if not 0 < every < ttl:
+            raise ValueError(
+                f"renew_every must be between 0 and the lease ttl ({ttl:g} s), not {renew_every!r}"
+            )
+        self.checkpoints = checkpoints
+        self.identity = checkpoints.identity
+        self.writer = writer
+        self.schema_version = schema_version
+        self.on_incompatible = on_incompatible
+        self.value_codec = value_codec
+        self.steal = steal
+        self.renew_every = every
+        self._adopted = lease
+        self._release_on_close = lease is None if release_on_close is None else release_on_close
+        self._heartbeat_on = heartbeat
+        self._lease: Lease | None = None
+        self._ended: Lease | None = None  # the lease held when the session closed
+        self._deadline = 0.0
+        self._lost: str | None = None
+        self._last_error: str | None = None
+        self._state_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: The checkpoint this session started from (verified, before migration), or ``None``.
+        self.start: Manifest | None = None
+        #: The incompatible checkpoint skipped by ``on_incompatible="restart"``, or ``None``.
+        self.restarted_from: Manifest | None = None
+        self._latest: Manifest | None = None
+        self._value: Any = None
+
+    def __repr__(self) -> str:
+        return f"WriterSession(identity={self.identity.key!r}, lease={self._lease and self._lease.epoch})"
+
+    # -- what the writer sees ------------------------------------------------------------------------------
+    @property
+    def lease(self) -> Lease:
+        if self._lease is None:
+            raise RuntimeError("the session is not open; call open() or use it as a context manager")
+        return self._lease
+
+    @property
+    def latest(self) -> Manifest | None:
+        """The newest checkpoint this session knows: the one it started from (or migrated), or its last commit."""
+        return self._latest
+
+    @property
+    def value(self) -> Any:
+        """The value of :attr:`latest`, decoded (and migrated); ``None`` when there is none."""
+        return self._value
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known to be taken over, broken, or expired without renewal."""
+        return self._lost is not None or (self._lease is not None and time.monotonic() > self._deadline)
+
+    def ensure_alive(self) -> None:
+        """Raise FencedError if the lease is lost; cheap (no request), called before every upload."""
+        self._check_deadline()
+        if self._lost is not None:
+            raise FencedError(
+                f"cannot commit to identity {self.identity}: this writer lost its lease ({self._lost}). Nothing "
+                "was uploaded; the last committed checkpoint is intact. Stop this writer; a retry resumes from "
+                "that checkpoint."
+            )
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def __enter__(self) -> WriterSession:
+        """Open the session, unless :meth:`open` already did; :meth:`close` runs on the way out."""
+        return self if self._lease is not None else self.open()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def open(self) -> WriterSession:
+        """Take (or adopt) the lease, start renewing it, load the newest checkpoint and apply the upgrade rules."""
+        if self._lease is not None:
+            raise RuntimeError(f"{self!r} is already open")
+        sent = time.monotonic()
+        if self._adopted is not None:
+            # Prove the adopted lease is still ours (and learn its real expiry) before doing any work.
+            self._lease = self.checkpoints.renew(self._adopted)
+        else:
+            self._lease = self.checkpoints.acquire(holder=self.writer, steal=self.steal)
+        self._deadline = sent + self.checkpoints.lease_ttl
+        try:
+            self._start_heartbeat()
+            self._load()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self, *, release: bool | None = None) -> None:
+        """Stop renewing and release the lease (unless told not to; a lost one is left alone). Never raises.
+
+        :param release: ``False`` keeps the lease unrenewed (it expires one ttl later), e.g. for a pod that
+            must still save after its operator was stopped; default: ``release_on_close``.
+        """
+        self._stop_heartbeat()
+        lease, self._lease = self._lease, None
+        self._ended = lease or self._ended
+        if lease is None or not (self._release_on_close if release is None else release):
+            return
+        if self._lost is not None:
+            return  # fenced or expired: someone else's lease now, or nobody's
+        try:
+            self.checkpoints.release(lease)
+        except Exception as exc:  # never mask the writer's own outcome; the lease expires by itself
+            log.warning("could not release the lease on %s: %s (it expires by itself)", self.identity, exc)
+
+    def _load(self) -> None:
+        latest = self.checkpoints.latest()
+        if latest is None:
+            log.info("no checkpoint for %s yet: starting fresh", self.identity)
+            return
+        value = decode_value(
+            latest.value, latest.value_codec, allowed=self.value_codec, where=f"checkpoint {latest.seq}"
+        )
+        origin = describe_checkpoint(latest)
+        resumed = {"identity": self.identity.key, "seq": latest.seq, "schema_version": latest.schema_version}
+        try:
+            migration_path(latest.schema_version, self.schema_version, self.migrations)
+        except IncompatibleStateError as exc:
+            if self.on_incompatible == "fail":
+                raise IncompatibleStateError(
+                    f"cannot resume from {origin}: {exc} The checkpoint is untouched."
+                ) from exc
+            log.warning(
+                "%s is incompatible (%s); on_incompatible='restart': starting fresh, it stays in history",
+                origin,
+                exc,
+            )
+            self.restarted_from = latest
+            return
+        self.start = self._latest = latest
+        if latest.schema_version == self.schema_version:
+            self._value = value
+            log.info("resuming from %s", origin)
+            events.emit(events.RESUME, **resumed)
+            return
+        migrated = migrate(value, latest.schema_version, self.schema_version, self.migrations)
+        # Committed before any user code runs, files kept. What the checkpoint's extra records (a resume
+        # position, the pod's image) belongs to its run: carried only within the same run.
+        same_run = latest.writer.run_id == self.writer.run_id
+        carried = {k: v for k, v in latest.extra.items() if k != "rolled_back_from"} if same_run else None
+        info = self.commit(migrated, extra=carried)
+        events.emit(events.RESUME, **resumed)
+        log.info(
+            "resuming from %s, migrated %d -> %d (committed as checkpoint %d)",
+            origin,
+            latest.schema_version,
+            self.schema_version,
+            info.seq,
+        )
+
+    # -- writing --------------------------------------------------------------------------------------------
+    def commit(
+        self,
+        value: Any,
+        *,
+        files: str | Path | None = None,
+        extra: dict[str, Any] | None = None,
+        keep_files: bool = True,
+        exclude: Collection[str] = (),
+    ) -> Manifest:
+        """Commit ``value`` (and the file or directory ``files``) as the identity's newest checkpoint.
+
+        With ``files=None`` and ``keep_files`` the checkpoint keeps the files of :attr:`latest` by reference.
+        Raises FencedError at once, before any upload, when the session has lost its lease. On any error
+        nothing this session knows changes (:attr:`latest`, :attr:`value`), and neither does the store.
+        """
+        if self._lease is None and self._ended is not None:
+            raise self._ended_error(self._ended)
+        self.ensure_alive()
+        sent = time.monotonic()
+        try:
+            manifest = self.checkpoints.commit(
+                self.lease,
+                value,
+                files=files,
+                schema_version=self.schema_version,
+                writer=self.writer,
+                extra=extra,
+                value_codec=self.value_codec,
+                keep_files_from=self._latest if files is None and keep_files else None,
+                exclude=exclude,
+                check=self.ensure_alive,
+            )
+        except FencedError as exc:
+            if self._lost is None:
+                self._mark_lost(str(exc))
+            raise
+        self._latest, self._value = manifest, value
+        self._confirmed(sent)
+        return manifest
+
+    def purge(self) -> int:
+        """Delete the identity's state entirely, fenced like a commit, and end the session.
+
+        The heartbeat stops first, so it never reports the vanished head as a lost lease. Returns the number of
+        objects deleted.
+        """
+        self.ensure_alive()
+        self._stop_heartbeat()
+        deleted = self.checkpoints.purge(self.lease)
+        self._ended, self._lease = self._lease, None
+        return deleted
+
+    def _ended_error(self, lease: Lease) -> FencedError:
+        """Why a session that already ended (its try is over) may not commit: the head says who owns it now."""
+        try:
+            check_holder(self.checkpoints.head(), lease, action="commit to")
+        except FencedError as exc:
+            return exc
+        return FencedError(
+            f"cannot commit to identity {self.identity}: this writer's session has ended (its lease at epoch "
+            f"{lease.epoch} was given up). Nothing was uploaded; stop this writer."
+        )
+
+    def restore_files(self, dest: str | Path, manifest: Manifest | None = None) -> list[Path]:
+        """Restore the files of ``manifest`` (default :attr:`latest`) into ``dest``; ``[]`` when it has none."""
+        manifest = manifest or self._latest
+        if manifest is None or not manifest.files:
+            return []
+        return self.checkpoints.restore_files(manifest, dest)
+
+    # -- the heartbeat --------------------------------------------------------------------------------------
+    def _confirmed(self, sent: float) -> None:
+        """A renewal (or commit) sent at monotonic time ``sent`` landed: the lease lives until ``sent + ttl``."""
+        with self._state_lock:
+            self._deadline = max(self._deadline, sent + self.checkpoints.lease_ttl)
+            self._last_error = None
+
+    def _check_deadline(self) -> None:
+        if self._lost is None and self._lease is not None and time.monotonic() > self._deadline:
+            reason = self._last_error or "no renewal succeeded"
+            self._mark_lost(
+                f"the lease on {self.identity} was not renewed within its ttl of {self.checkpoints.lease_ttl:g} s "
+                f"({reason}); another writer or maintenance may take it over now"
+            )
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._state_lock:
+            if self._lost is not None:
+                return
+            self._lost = reason
+        log.error("LEASE LOST on %s: %s. The next save of this writer will fail.", self.identity, reason)
+        events.emit(events.FENCED, identity=self.identity.key, epoch=self._lease_epoch(), action="renew")
+
+    def _lease_epoch(self) -> int:
+        lease = self._lease or self._adopted
+        return lease.epoch if lease else 0
+
+    def _stop_heartbeat(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            # A renewal in flight finishes within the store client's timeouts; the thread is a daemon anyway.
+            thread.join(timeout=min(self.checkpoints.lease_ttl, 30.0))
+
+    def _start_heartbeat(self) -> None:
+        if not self._heartbeat_on:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._beat, name=f"stateful-lease-{self.identity.key[:40]}", daemon=True
+        )
+        self._thread.start()
+
+    def _beat(self) -> None:
+        wait = self.renew_every * random.uniform(0.8, 1.0)
+        while not self._stop.wait(wait):
+            lease = self._lease
+            if lease is None or self._lost is not None:
+                return
+            sent = time.monotonic()
+            try:
+                self._lease = self.checkpoints.renew(lease)
+            except FencedError as exc:
+                if not self._stop.is_set():  # not a release or purge that overtook this renewal
+                    self._mark_lost(str(exc))
+                return
+            except Exception as exc:  # unreachable store, throttling, ...: retry until the deadline
+                left = self._deadline - time.monotonic()
+                self._last_error = f"last renewal error: {type(exc).__name__}: {exc}"
+                if left <= 0:
+                    self._check_deadline()
+                    return
+                wait = min(self.renew_every, max(0.2, left / 4))
+                log.warning(
+                    "could not renew the lease on %s (%s); retrying in %.1f s, it expires in %.0f s",
+                    self.identity,
+                    self._last_error,
+                    wait,
+                    left,
+                )
+                continue
+            self._confirmed(sent)
+            wait = self.renew_every * random.uniform(0.8, 1.0)

@@ -1,0 +1,275 @@
+"""Labels that find an identity's pods, the choice of the pod to reattach to, and the state parts of a pod.
+
+A pod carries three labels: ``stateful-identity`` (which state it writes), ``stateful-epoch`` (the lease
+epoch it was started with) and ``stateful-run`` (the DAG run it belongs to; a named identity lives across
+runs). The operator finds every pod of an identity by the first, reattaches only to the one that still holds
+the lease for this run, and deletes the others: they are fenced, so stopping them only saves compute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client import models as k8s
+
+from airflow_stateful.core.errors import InvalidValueError
+from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.lease import Lease
+from airflow_stateful.core.records import HeadRecord, Manifest
+
+IDENTITY_LABEL = "stateful-identity"
+EPOCH_LABEL = "stateful-epoch"
+RUN_LABEL = "stateful-run"
+STATE_VOLUME = "stateful-state"
+RESTORE_CONTAINER = "stateful-restore"
+SIDECAR_CONTAINER = "stateful-sidecar"
+STATE_MODES = ("wrap", "sidecar", "init", "env")
+CLIENT_COMMAND = ("python", "-m", "airflow_stateful.client")
+#: Environment names that would put a credential into the pod spec as a literal value.
+SECRET_ENV_NAMES = frozenset({"AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"})
+_TERMINAL_PHASES = ("Succeeded", "Failed")
+_LABEL_MAX = 63
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_ESCAPES = {"_": "__", "/": "_s", "=": "_e", "%": "_p", "+": "_a"}
+
+
+def identity_label(identity: Identity) -> str:
+    """A Kubernetes label value (<= 63 chars of ``[A-Za-z0-9._-]``) that stands for ``identity`` alone.
+
+    Short keys are escaped readably and reversibly (``/`` -> ``_s``, ``=`` -> ``_e``, ``%`` -> ``_p``,
+    ``+`` -> ``_a``, ``_`` -> ``__``), so two identities never share a label. Longer keys become a readable
+    prefix plus 16 hex digits of the key's SHA-256; an escaped key never ends in ``-`` and 16 hex digits
+    (it ends in its map index), so the two forms cannot collide either.
+    """
+    escaped = "".join(_ESCAPES.get(ch, ch) for ch in identity.key)
+    if len(escaped) <= _LABEL_MAX and _LABEL_VALUE_RE.match(escaped):
+        return escaped
+    digest = hashlib.sha256(identity.key.encode("utf-8")).hexdigest()[:16]
+    prefix = re.sub(r"^[^A-Za-z0-9]+", "", escaped)[: _LABEL_MAX - len(digest) - 1].rstrip("._-")
+    return f"{prefix}-{digest}" if prefix else f"h{digest}"
+
+
+def run_label(run_id: str) -> str:
+    """A label value for a DAG run id (which may hold ``:`` and ``+``): 16 hex digits of its SHA-256."""
+    return "r" + hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:16]
+
+
+def pod_epoch(pod: k8s.V1Pod) -> int | None:
+    """The epoch a pod was started with (its ``stateful-epoch`` label), or ``None``."""
+    raw = ((pod.metadata and pod.metadata.labels) or {}).get(EPOCH_LABEL)
+    return int(raw) if raw is not None and str(raw).isdigit() else None
+
+
+def _pod_env(pod: k8s.V1Pod, name: str) -> str | None:
+    containers = [*(pod.spec.containers or []), *(pod.spec.init_containers or [])] if pod.spec else []
+    for container in containers:
+        for env in container.env or []:
+            if env.name == name:
+                return str(env.value) if env.value is not None else None
+    return None
+
+
+def terminated(pod: k8s.V1Pod | None) -> bool:
+    return bool(pod is not None and pod.status and pod.status.phase in _TERMINAL_PHASES)
+
+
+def _deleting(pod: k8s.V1Pod) -> bool:
+    return bool(pod.metadata and pod.metadata.deletion_timestamp)
+
+
+def choose_pods(
+    pods: Iterable[k8s.V1Pod],
+    *,
+    head: HeadRecord | None,
+    run_id: str,
+    schema_version: int,
+    checked_label: str,
+) -> tuple[k8s.V1Pod | None, list[k8s.V1Pod]]:
+    """Split the identity's pods into the one to reattach to (or ``None``) and the stale ones to delete.
+
+    A pod is reattached to only if it still holds the lease (its epoch is the head's and the lease is held),
+    belongs to this DAG run, runs this code's schema version, is neither terminated nor being deleted, and
+    was not already handled by an earlier try (``checked_label``, KubernetesPodOperator's). Every other live
+    pod is stale: it is fenced, so it can no longer commit. Terminated pods are left to
+    KubernetesPodOperator's ``on_finish_action``.
+    """
+    live = [p for p in pods if not terminated(p) and not _deleting(p)]
+    chosen: k8s.V1Pod | None = None
+    if head is not None and head.lease is not None:
+        for pod in live:
+            labels = (pod.metadata and pod.metadata.labels) or {}
+            if (
+                pod_epoch(pod) == head.epoch
+                and labels.get(RUN_LABEL) == run_label(run_id)
+                and labels.get(checked_label) != "True"
+                and _pod_env(pod, "STATEFUL_SCHEMA_VERSION") == str(schema_version)
+            ):
+                chosen = pod
+                break
+    return chosen, [p for p in live if p is not chosen]
+
+
+@dataclass(frozen=True)
+class PodState:
+    """What the pod is told: the identity, the lease it writes with, where the state lives, how to renew."""
+
+    identity: Identity
+    lease: Lease
+    run_id: str
+    backend_url: str
+    keep_last: int
+    lease_ttl: float
+    schema_version: int
+    endpoint_url: str | None = None
+    region_name: str | None = None
+
+    def labels(self) -> dict[str, str]:
+        return {
+            IDENTITY_LABEL: identity_label(self.identity),
+            EPOCH_LABEL: str(self.lease.epoch),
+            RUN_LABEL: run_label(self.run_id),
+        }
+
+    def env(self, *, image: str | None, context: Any | None = None) -> list[k8s.V1EnvVar]:
+        """The ``STATEFUL_*`` variables the in-pod client reads (no credentials among them)."""
+        values: dict[str, str | None] = {
+            "STATEFUL_IDENTITY": self.identity.key,
+            "STATEFUL_BACKEND_URL": self.backend_url,
+            "STATEFUL_EPOCH": str(self.lease.epoch),
+            "STATEFUL_LEASE_TOKEN": self.lease.token,
+            "STATEFUL_LEASE_TTL": f"{self.lease_ttl:g}",
+            "STATEFUL_SCHEMA_VERSION": str(self.schema_version),
+            "STATEFUL_KEEP_LAST": str(self.keep_last),
+            "STATEFUL_S3_ENDPOINT_URL": self.endpoint_url,
+            "STATEFUL_IMAGE": image,
+        }
+        if context is not None:
+            ti = context["ti"]
+            values.update(
+                STATEFUL_DAG_ID=ti.dag_id,
+                STATEFUL_TASK_ID=ti.task_id,
+                STATEFUL_RUN_ID=context["dag_run"].run_id,
+                STATEFUL_TRY_NUMBER=str(ti.try_number),
+                STATEFUL_MAP_INDEX=str(ti.map_index),
+            )
+        env = [k8s.V1EnvVar(name=k, value=v) for k, v in values.items() if v]
+        if self.region_name:
+            env.append(k8s.V1EnvVar(name="AWS_DEFAULT_REGION", value=self.region_name))
+        return env
+
+    def reference(self, latest: Manifest | None) -> dict[str, Any]:
+        """The XCom ``checkpoint``: where the final checkpoint is and which one it is."""
+        return {
+            "identity": self.identity.key,
+            "url": self.backend_url,
+            "seq": latest.seq if latest else None,
+            "epoch": self.lease.epoch,
+            "schema_version": latest.schema_version if latest else self.schema_version,
+            "image": latest.extra.get("image") if latest else None,
+        }
+
+
+@dataclass(frozen=True)
+class PodParts:
+    """How the operator's pod arguments change to carry the state (built by :func:`state_parts`)."""
+
+    env_vars: list[k8s.V1EnvVar]
+    env_from: list[k8s.V1EnvFromSource]
+    volumes: list[k8s.V1Volume]
+    volume_mounts: list[k8s.V1VolumeMount]
+    init_containers: list[k8s.V1Container]
+    cmds: list[str]
+    arguments: list[str]
+
+
+def state_parts(
+    state: PodState,
+    *,
+    mode: str,
+    user_env: Sequence[k8s.V1EnvVar],
+    env_from: Sequence[k8s.V1EnvFromSource],
+    volumes: Sequence[k8s.V1Volume],
+    volume_mounts: Sequence[k8s.V1VolumeMount],
+    init_containers: Sequence[k8s.V1Container],
+    cmds: Sequence[str],
+    arguments: Sequence[str],
+    image: str | None,
+    context: Any | None,
+    state_dir: str,
+    save_every_seconds: int,
+    client_image: str | None,
+    client_command: Sequence[str],
+    credentials_secret: str | None,
+) -> PodParts:
+    """The operator's pod arguments plus the state: env, volume, init/sidecar containers or the wrapper."""
+    for env in user_env:
+        if env.name in SECRET_ENV_NAMES and env.value:
+            raise InvalidValueError(
+                f"env_vars sets {env.name} as a literal value, which puts a credential into the pod spec; "
+                "pass credentials_secret=<Kubernetes Secret name> or use workload identity instead"
+            )
+    stateful_env = state.env(image=image, context=context)
+    ours = {e.name for e in stateful_env}
+    secret_ref = (
+        [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=credentials_secret))]
+        if credentials_secret
+        else []
+    )
+    parts = PodParts(
+        env_vars=[e for e in user_env if e.name not in ours] + stateful_env,
+        # In sidecar mode the job's own container is left as it is: no credentials for it.
+        env_from=[*env_from, *secret_ref] if mode != "sidecar" else list(env_from),
+        volumes=list(volumes),
+        volume_mounts=list(volume_mounts),
+        init_containers=list(init_containers),
+        cmds=list(cmds),
+        arguments=list(arguments),
+    )
+    if mode == "env":
+        return parts
+    mount = k8s.V1VolumeMount(name=STATE_VOLUME, mount_path=state_dir)
+    parts.volumes.append(k8s.V1Volume(name=STATE_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource()))
+    parts.volume_mounts.append(mount)
+    every = f"{save_every_seconds}s"
+    if mode == "wrap":
+        if not cmds:
+            raise InvalidValueError(
+                "state_mode='wrap' needs cmds (the image's entrypoint cannot be wrapped); "
+                "give cmds=[...] or use state_mode='sidecar'"
+            )
+        wrapped = [*client_command, "run", "--dir", state_dir, "--every", every, "--", *cmds, *arguments]
+        return PodParts(**{**parts.__dict__, "cmds": wrapped, "arguments": []})
+
+    def client(name: str, command: list[str], restart_policy: str | None = None) -> k8s.V1Container:
+        return k8s.V1Container(
+            name=name,
+            image=client_image,
+            command=command,
+            env=list(stateful_env),
+            env_from=list(secret_ref),
+            volume_mounts=[mount],
+            restart_policy=restart_policy,
+        )
+
+    added = [client(RESTORE_CONTAINER, [*client_command, "restore", state_dir])]
+    if mode == "sidecar":
+        # A native sidecar (an init container that keeps running): renews the lease, saves every
+        # `save_every`, and once more on SIGTERM, which the kubelet sends when the job ends or the pod is deleted.
+        command = [*client_command, "sidecar", "--dir", state_dir, "--every", every]
+        added.append(client(SIDECAR_CONTAINER, command, restart_policy="Always"))
+    parts.init_containers[:0] = added
+    return parts
+
+
+def has_failed_sidecar(remote_pod: k8s.V1Pod | None) -> int | None:
+    """The exit code of the state sidecar if it ended with an error, else ``None``."""
+    statuses = (remote_pod.status.init_container_statuses if remote_pod and remote_pod.status else None) or []
+    for status in statuses:
+        done = status.state.terminated if status.state else None
+        if status.name == SIDECAR_CONTAINER and done is not None and done.exit_code != 0:
+            return int(done.exit_code)
+    return None

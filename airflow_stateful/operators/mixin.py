@@ -1,0 +1,135 @@
+"""StatefulMixin: what every operator with durable, fenced state shares, written once.
+
+:class:`~airflow_stateful.operators.stateful.StatefulOperator` (and through it the Python operator and the
+decorator) and :class:`~airflow_stateful.operators.kubernetes.StatefulKubernetesPodOperator` mix it into
+their Airflow base class. It holds the stateful arguments, checks them when the DAG is parsed, names the task
+instance's identity, and opens the :class:`~airflow_stateful.core.session.WriterSession` that takes the lease
+(fencing every earlier try), keeps it alive while the task runs and applies the upgrade rules.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
+
+from airflow_stateful.core.codecs import CODECS, JSON
+from airflow_stateful.core.errors import IncompatibleStateError, InvalidValueError, MigrationError
+from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.migrations import validate_schema
+from airflow_stateful.core.session import ON_INCOMPATIBLE, WriterSession
+from airflow_stateful.hooks.state import StateHook
+
+log = logging.getLogger("airflow_stateful")
+
+STATEFUL_TEMPLATE_FIELDS: tuple[str, ...] = ("identity", "backend_url", "conn_id")
+
+
+def check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise InvalidValueError(f"{name} must be one of {', '.join(map(repr, choices))}, not {value!r}")
+
+
+def identity_for(*, dag_id: str, task_id: str, map_index: int, run_id: str, name: str | None) -> Identity:
+    """A task instance's identity: per DAG run, or across runs when ``name`` is given."""
+    if name:
+        return Identity.for_task(dag_id=dag_id, task_id=task_id, map_index=map_index, name=name)
+    return Identity.for_task(dag_id=dag_id, task_id=task_id, map_index=map_index, run_id=run_id)
+
+
+class StatefulMixin:
+    """Stateful arguments, their parse-time checks, the identity and the writer session.
+
+    :param schema_version: version of the state this code writes (an integer >= 1 that only grows).
+    :param migrations: ``{v: fn}`` where ``fn`` turns a version ``v`` value into a version ``v + 1`` one.
+    :param on_incompatible: ``"fail"`` (default) or ``"restart"`` when the checkpoint's schema cannot be
+        brought to ``schema_version`` (newer than the code, or no migration path).
+    :param identity: a name for state that lives across DAG runs (e.g. ``"nightly-watermark"``); default
+        ``None``: state belongs to this DAG run. (templated)
+    :param backend_url: ``s3://bucket/prefix`` or ``file:///path``; default ``[stateful] backend_url``. (templated)
+    :param conn_id: Airflow connection for S3; default ``[stateful] conn_id``. (templated)
+    :param keep_last: checkpoints kept for this task's identity; default ``[stateful] keep_last``.
+    :param value_codec: ``"json"`` (default) or ``"pickle"`` (opt-in by name; readers must opt in too).
+    :param reschedule_delay: how long after a SIGTERM stop the task is rescheduled.
+    """
+
+    def __init__(
+        self,
+        *,
+        schema_version: int = 1,
+        migrations: Mapping[int, Callable[[Any], Any]] | None = None,
+        on_incompatible: str = "fail",
+        identity: str | None = None,
+        backend_url: str | None = None,
+        conn_id: str | None = None,
+        keep_last: int | None = None,
+        value_codec: str = JSON,
+        reschedule_delay: timedelta = timedelta(seconds=5),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        # Everything that is not templated is checked now, when the DAG is parsed.
+        self.migrations = validate_schema(schema_version, migrations)
+        self.schema_version = schema_version
+        check_choice("on_incompatible", on_incompatible, ON_INCOMPATIBLE)
+        check_choice("value_codec", value_codec, CODECS)
+        if identity is not None and "{{" not in str(identity):
+            identity_for(dag_id="dag", task_id="task", map_index=-1, run_id="run", name=identity)
+        if keep_last is not None and (
+            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+        ):
+            raise InvalidValueError(f"keep_last must be an integer >= 1, not {keep_last!r}")
+        if not isinstance(reschedule_delay, timedelta) or reschedule_delay < timedelta(0):
+            raise InvalidValueError(f"reschedule_delay must be a timedelta >= 0, not {reschedule_delay!r}")
+        self.on_incompatible = on_incompatible
+        self.identity = identity
+        self.backend_url = backend_url
+        self.conn_id = conn_id
+        self.keep_last = keep_last
+        self.value_codec = value_codec
+        self.reschedule_delay = reschedule_delay
+
+    def stateful_identity(self, context: Any) -> Identity:
+        """This task instance's identity: ``(dag_id, task_id, run or identity name, map_index)``."""
+        ti = context["ti"]
+        return identity_for(
+            dag_id=ti.dag_id,
+            task_id=ti.task_id,
+            map_index=ti.map_index,
+            run_id=context["dag_run"].run_id,
+            name=self.identity or None,
+        )
+
+    def state_hook(self) -> StateHook:
+        return StateHook(backend_url=self.backend_url, conn_id=self.conn_id, keep_last=self.keep_last)
+
+    def open_session(self, context: Any, hook: StateHook | None = None) -> WriterSession:
+        """Take the lease for this try (stealing it: an earlier try still running is a zombie, and is fenced
+        by the raised epoch), start renewing it, and load the checkpoint under the upgrade rules.
+
+        A checkpoint this code can never read (schema, migration, codec) fails the task without a retry:
+        another try of the same code would fail the same way. Fix the DAG or the migration, then clear it.
+        """
+        hook = hook or self.state_hook()
+        session = WriterSession(
+            checkpoints=hook.checkpoint_store(self.stateful_identity(context)),
+            writer=StateHook.writer_for(context),
+            schema_version=self.schema_version,
+            migrations=self.migrations,
+            on_incompatible=self.on_incompatible,
+            value_codec=self.value_codec,
+            steal=True,
+        )
+        try:
+            return session.open()
+        except (IncompatibleStateError, MigrationError, InvalidValueError) as exc:
+            raise AirflowFailException(str(exc)) from exc
+
+    def reschedule(self, reason: object) -> AirflowRescheduleException:
+        """End this try by rescheduling it (a stop that does not use a retry)."""
+        when = datetime.now(tz=timezone.utc) + self.reschedule_delay
+        log.warning("%s; rescheduling at %s (this does not use a retry)", reason, when.isoformat())
+        return AirflowRescheduleException(when)
