@@ -20,7 +20,7 @@ _LAZY = {
     "CheckpointInfo": "airflow_stateful.task_state",
     "StateHook": "airflow_stateful.hooks.state",
     "StatefulGCOperator": "airflow_stateful.operators.gc",
-    "S3StateStoreBackend": "airflow_stateful.state_store",
+    "S3StateStoreBackend": "airflow_stateful.backends.task_state_store",
     "StatefulError": "airflow_stateful.core.errors",
     "FencedError": "airflow_stateful.core.errors",
     "CheckpointCorruptError": "airflow_stateful.core.errors",

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
+import subprocess
 import sys
 import textwrap
 import threading
@@ -33,7 +35,7 @@ from airflow_stateful.core.errors import (
     IdentityError,
     InvalidValueError,
 )
-from airflow_stateful.core.kv import StateDocument, collect_expired
+from airflow_stateful.core.state_documents import StateDocument, collect_expired
 from airflow_stateful.core.stores.base import Blob, ObjectInfo, ObjectStore, StoredFile
 from airflow_stateful.core.stores.local import LocalObjectStore
 
@@ -77,7 +79,7 @@ def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Obj
 
 @pytest.fixture
 def backend(object_store: ObjectStore) -> Any:
-    from airflow_stateful.state_store import S3StateStoreBackend
+    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
 
     return S3StateStoreBackend(store=object_store)
 
@@ -385,7 +387,7 @@ def test_server_side_records_the_expiry_of_its_own_reference_instead_of_storing_
 
 # -- concurrency and async ----------------------------------------------------------------------------------
 def test_concurrent_writers_never_lose_a_write_and_readers_never_see_a_torn_value(tmp_path: Path) -> None:
-    from airflow_stateful.state_store import S3StateStoreBackend
+    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
 
     store = LocalObjectStore(root=tmp_path / "state", fsync=False)
     backend = S3StateStoreBackend(store=store, max_attempts=1000)
@@ -453,7 +455,7 @@ def test_async_variants(backend: Any, object_store: ObjectStore) -> None:
 @pytest.mark.s3
 def test_a_write_whose_answer_was_lost_is_counted_once(s3_endpoint: S3Endpoint, s3_prefix: str) -> None:
     """botocore retries a PutObject that landed (forced here); the retry sees 412, which must not re-write."""
-    from airflow_stateful.state_store import S3StateStoreBackend
+    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
 
     forced: list[int] = []
 
@@ -480,7 +482,7 @@ def test_a_write_whose_answer_was_lost_is_counted_once(s3_endpoint: S3Endpoint, 
 def test_built_without_arguments_it_opens_the_stateful_backend_url(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_stateful.state_store import S3StateStoreBackend
+    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
 
     url = (tmp_path / "kv").as_uri()
     monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", url)
@@ -492,33 +494,71 @@ def test_built_without_arguments_it_opens_the_stateful_backend_url(
         S3StateStoreBackend(store=backend.store, backend_url=url)
 
 
+CONFIGURED_PATHS = [
+    "airflow_stateful.state_store.S3StateStoreBackend",  # the path users have in airflow.cfg
+    "airflow_stateful.backends.task_state_store.S3StateStoreBackend",  # where the class lives
+]
+
+
+@pytest.mark.parametrize("classpath", CONFIGURED_PATHS)
 def test_airflow_server_and_worker_loaders_accept_the_backend_and_its_scopes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reset_state_backends: None
+    classpath: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reset_state_backends: None
 ) -> None:
     """The server checks the class against airflow-core's own copy of BaseStoreBackend and passes that copy's
-    scopes; the worker uses the task SDK's. Both must work with this one class."""
-    from airflow._shared.state import AssetScope as CoreAssetScope
-    from airflow._shared.state import TaskScope as CoreTaskScope
+    scopes; the worker uses the task SDK's. Both must work with this one class, by either dotted path."""
+    import airflow._shared.state as core_state
     from airflow.sdk.execution_time.context import _get_worker_state_store_backend
-    from airflow.state import get_state_backend
+    from airflow.state import get_state_backend, resolve_state_backend
 
-    from airflow_stateful.state_store import S3StateStoreBackend
+    import airflow_stateful
+    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
+    from airflow_stateful.state_store import S3StateStoreBackend as ConfiguredPathBackend
 
+    assert ConfiguredPathBackend is S3StateStoreBackend is airflow_stateful.S3StateStoreBackend
     monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", (tmp_path / "kv").as_uri())
-    monkeypatch.setenv("AIRFLOW__STATE_STORE__BACKEND", "airflow_stateful.state_store.S3StateStoreBackend")
-    monkeypatch.setenv(
-        "AIRFLOW__WORKERS__STATE_STORE_BACKEND", "airflow_stateful.state_store.S3StateStoreBackend"
-    )
+    monkeypatch.setenv("AIRFLOW__STATE_STORE__BACKEND", classpath)
+    monkeypatch.setenv("AIRFLOW__WORKERS__STATE_STORE_BACKEND", classpath)
+    assert resolve_state_backend() is S3StateStoreBackend
+    assert issubclass(S3StateStoreBackend, core_state.BaseStoreBackend)
     server = get_state_backend()
     worker = _get_worker_state_store_backend()
     assert isinstance(server, S3StateStoreBackend) and isinstance(worker, S3StateStoreBackend)
-    core_scope = CoreTaskScope(dag_id="etl", run_id="manual__2026-01-01T00:00:00+00:00", task_id="load")
+    core_scope = core_state.TaskScope(
+        dag_id="etl", run_id="manual__2026-01-01T00:00:00+00:00", task_id="load"
+    )
     server.set(core_scope, "k", '"from the server"')
     assert worker.get(task_scope(), "k") == '"from the server"', "both copies of TaskScope name one folder"
-    server.set(CoreAssetScope(asset_id=3), "k", "1")
+    server.set(core_state.AssetScope(asset_id=3), "k", "1")
     assert worker.get(asset_scope(asset_id=3), "k") == "1"
     with pytest.raises(TypeError, match="TaskScope or an AssetScope"):
         server.get(object(), "k")
+
+
+LOAD_COLD = """
+import json
+from airflow.sdk.execution_time.context import _get_worker_state_store_backend
+from airflow.state import get_state_backend
+
+server, worker = get_state_backend(), _get_worker_state_store_backend()
+print(json.dumps([type(server).__module__, type(worker).__module__, type(server) is type(worker)]))
+"""
+
+
+def test_a_fresh_airflow_process_loads_the_backend_by_the_path_in_airflow_cfg(tmp_path: Path) -> None:
+    """What an API server or worker does at start: nothing of ours imported yet, only the configured path."""
+    classpath = CONFIGURED_PATHS[0]
+    env = {
+        **os.environ,
+        "AIRFLOW__STATE_STORE__BACKEND": classpath,
+        "AIRFLOW__WORKERS__STATE_STORE_BACKEND": classpath,
+        "AIRFLOW__STATEFUL__BACKEND_URL": (tmp_path / "kv").as_uri(),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_COLD], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    module = "airflow_stateful.backends.task_state_store"
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [module, module, True]
 
 
 def test_importing_it_on_airflow_before_3_3_says_which_version_is_needed(
@@ -526,15 +566,16 @@ def test_importing_it_on_airflow_before_3_3_says_which_version_is_needed(
 ) -> None:
     # Airflow < 3.3 has no airflow.sdk.state; a None entry in sys.modules makes its import fail the same way.
     monkeypatch.setitem(sys.modules, "airflow.sdk.state", None)
-    monkeypatch.delitem(sys.modules, "airflow_stateful.state_store", raising=False)
+    for name in ("airflow_stateful.state_store", "airflow_stateful.backends.task_state_store"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ImportError, match=r"needs Apache Airflow 3\.3 or newer.*apache-airflow 3\.\d+"):
         importlib.import_module("airflow_stateful.state_store")
 
 
 @pytest.mark.s3
 def test_backend_repr_and_errors_carry_no_credentials(s3_endpoint: S3Endpoint, s3_prefix: str) -> None:
+    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
     from airflow_stateful.core.stores.s3 import S3ObjectStore
-    from airflow_stateful.state_store import S3StateStoreBackend
 
     options = s3_endpoint.options()
     if s3_endpoint.kind == "moto":
@@ -551,9 +592,8 @@ def test_backend_repr_and_errors_carry_no_credentials(s3_endpoint: S3Endpoint, s
 
 
 # -- Airflow: the example DAG under dag.test() --------------------------------------------------------------
-@pytest.fixture
-def reset_state_backends() -> Iterator[None]:
-    """Forget the state store backends Airflow built earlier in this process, before and after the test.
+def forget_state_backends() -> None:
+    """Forget the state store backends Airflow built earlier in this process.
 
     Airflow builds each side's backend once per process and keeps it: the server side in the module global
     ``airflow.state._backend_instance`` (airflow/state/__init__.py, ``get_state_backend``), the worker side
@@ -564,13 +604,16 @@ def reset_state_backends() -> Iterator[None]:
     import airflow.state
     from airflow.sdk.execution_time.context import _get_worker_state_store_backend
 
-    def reset() -> None:
-        airflow.state._backend_instance = None
-        _get_worker_state_store_backend.cache_clear()
+    airflow.state._backend_instance = None
+    _get_worker_state_store_backend.cache_clear()
 
-    reset()
+
+@pytest.fixture
+def reset_state_backends() -> Iterator[None]:
+    """Airflow's cached state store backends forgotten before and after the test."""
+    forget_state_backends()
     yield
-    reset()
+    forget_state_backends()
 
 
 @pytest.fixture
