@@ -161,12 +161,14 @@ def test_gc_dry_run_lists_exactly_what_the_real_run_deletes(
     wm: CheckpointStore = seeded["wm"]  # type: ignore[assignment]
     garbage = f"{WATERMARK.key}/~data/deadbeef/0"
     wm.store.put(garbage, b"left by a crashed commit")
+    in_flight = f"{BATCH.key}/~data/cafe/0"
+    wm.store.put(in_flight, b"uploaded by the live lease holder, not committed yet")
     before = {i.key for i in wm.store.list_objects("")}
     code, out, _ = cli(capsys, backend, "gc", "--min-age", "0s", "--dry-run", "--json")
     assert code == 0
     rows = {r["identity"]: r for r in json.loads(out)}
     assert rows[WATERMARK.key]["objects"] == 1 and rows[WATERMARK.key]["action"] == "would delete"
-    assert rows[BATCH.key]["action"].startswith("skipped: live lease")
+    assert rows[BATCH.key]["action"].startswith("skipped: live lease") and rows[BATCH.key]["objects"] == 0
     assert {i.key for i in wm.store.list_objects("")} == before
     code, out, _ = cli(capsys, backend, "gc", "--min-age", "0s", "--json")
     assert {i.key for i in wm.store.list_objects("")} == before - {garbage}

@@ -26,6 +26,7 @@ from typing import Any
 from airflow_stateful.cli.output import emit
 from airflow_stateful.core.catalog import list_identities
 from airflow_stateful.core.checkpoint_store import CheckpointStore
+from airflow_stateful.core.durations import parse_duration
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
@@ -34,12 +35,11 @@ from airflow_stateful.core.errors import (
     LeaseHeldError,
     StatefulError,
 )
+from airflow_stateful.core.gc import apply_gc, group_by_identity, plan_gc
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.item_progress import ItemProgress
 from airflow_stateful.core.records import WriterInfo
-from airflow_stateful.core.retention_gc import apply_gc, group_by_identity, plan_gc
 from airflow_stateful.core.stores.base import ObjectStore
-from airflow_stateful.core.stores.registry import store_from_url
 from airflow_stateful.core.usage import DEFAULT_PRICE_PER_GB_MONTH, GB, disk_usage
 
 _log = logging.getLogger("airflow_stateful")
@@ -47,41 +47,24 @@ _log = logging.getLogger("airflow_stateful")
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_LEASE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 
 
-def resolve_backend(url: str | None) -> str:
-    if url:
-        return url
-    if os.environ.get("AIRFLOW__STATEFUL__BACKEND_URL"):
-        return os.environ["AIRFLOW__STATEFUL__BACKEND_URL"]
-    try:
-        from airflow_stateful.config import load_settings
-    except ImportError:  # pragma: no cover - Airflow is a dependency of the package
-        raise ConfigurationError("no backend: pass --backend s3://bucket/prefix or file:///path") from None
-    return load_settings().backend_url
-
-
-def connection_options(url: str, conn_id: str | None) -> dict[str, Any]:
-    """S3 credentials and endpoint from the Airflow connection (``--conn-id``, else ``[stateful] conn_id``).
-
-    Inside an Airflow installation this is what tasks use too; a missing connection falls back to boto3's
-    standard chain (StateHook logs that).
-    """
-    try:
-        from airflow_stateful.hooks.state import StateHook
-    except ImportError:  # pragma: no cover - Airflow is a dependency of the package
-        return {}
-    return StateHook(backend_url=url, conn_id=conn_id).s3_options()
-
-
 def open_store(args: argparse.Namespace) -> ObjectStore:
-    url = resolve_backend(args.backend)
-    options: dict[str, Any] = {}
-    if url.startswith("s3://"):
-        options = connection_options(url, args.conn_id)
-        endpoint = args.endpoint_url or os.environ.get("STATEFUL_S3_ENDPOINT_URL")
-        if endpoint:
-            options["endpoint_url"] = endpoint
+    """The store through :class:`~airflow_stateful.hooks.state.StateHook`, as tasks open it.
+
+    ``--backend`` else ``[stateful] backend_url`` (``AIRFLOW__STATEFUL__BACKEND_URL`` included); S3 credentials
+    and endpoint from the connection (``--conn-id`` else ``[stateful] conn_id``; a missing connection falls
+    back to boto3's standard chain); ``--endpoint-url`` (or ``STATEFUL_S3_ENDPOINT_URL``) overrides the
+    endpoint. The lease grace GC honours is read from the same settings.
+    """
+    from airflow_stateful.hooks.state import StateHook
+
+    hook = StateHook(
+        backend_url=args.backend,
+        conn_id=args.conn_id,
+        endpoint_url=args.endpoint_url or os.environ.get("STATEFUL_S3_ENDPOINT_URL") or None,
+    )
+    args.lease_grace = hook.lease_grace
     _logs_to_stderr()  # after Airflow (imported above) configured logging, before boto3 logs anything
-    return store_from_url(url, **options)
+    return hook.get_store()
 
 
 def checkpoints_of(store: ObjectStore, key: str) -> CheckpointStore:
@@ -274,6 +257,7 @@ def _cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
         idle_for=args.idle_for,
         keep_last=args.keep_last,
         min_age=args.min_age,
+        grace=args.lease_grace,
         prefix=args.prefix or "",
         progress=bar,
         groups=groups,
@@ -286,10 +270,7 @@ def _cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
         bar.finish()
     rows = []
     for item in plan.identities:
-        if item.skipped or item.identity in skipped:
-            action = "skipped: " + (item.skipped or skipped[item.identity])
-        else:
-            action = "would delete" if args.dry_run else "deleted"
+        action = item.action(dry_run=args.dry_run, skipped=skipped.get(item.identity))
         rows.append(
             {
                 "identity": item.identity,
@@ -349,15 +330,11 @@ def _cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
 
 
 def _duration(text: str) -> timedelta:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    """argparse type for ``--min-age`` / ``--idle-for``: ``30m``, ``12h``, ``30d``, seconds."""
     try:
-        return (
-            timedelta(seconds=float(text[:-1]) * units[text[-1]])
-            if text[-1] in units
-            else timedelta(seconds=float(text))
-        )
-    except (ValueError, IndexError):
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30m, 12h, 30d)") from None
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,21 +11,25 @@ from airflow_stateful.core.gc import GarbageReport, collect_garbage
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import Lease
 from airflow_stateful.core.records import CheckpointEntry, HeadRecord, Manifest, WriterInfo
-from airflow_stateful.core.retention import KeepLast, RetentionPolicy
+from airflow_stateful.core.retention import CrashGarbage, IdleFor, KeepLast, RetentionPolicy
+from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.stores import ObjectStore, store_from_url
 
 __all__ = [
     "CheckpointEntry",
     "CheckpointStore",
+    "CrashGarbage",
     "GarbageReport",
     "HeadRecord",
     "Identity",
+    "IdleFor",
     "KeepLast",
     "Lease",
     "Manifest",
     "ObjectStore",
     "RetentionPolicy",
     "WriterInfo",
+    "WriterSession",
     "collect_garbage",
     "store_from_url",
 ]

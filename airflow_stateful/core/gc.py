@@ -1,35 +1,158 @@
-"""Garbage collection of one identity: objects no committed checkpoint references.
+"""Garbage collection and retention for a whole store (or one identity): a plan, then an apply.
 
-Garbage comes from commits that crashed or were fenced after uploading data but before (or instead of)
-advancing the head, and from retention deletes that failed. It is never referenced by the head, so removing
-it can never damage a checkpoint a reader can see.
+Why a plan: an operator must be able to see what a GC pass *would* delete (``--dry-run``) and trust that the
+real pass deletes that list and nothing else. :func:`plan_gc` only reads; :func:`apply_gc` deletes only keys
+of the plan, after re-checking each identity's head. Objects that appeared after the plan are left for the
+next pass. :func:`collect_garbage` is the same engine on one identity, for crash garbage only.
 
-The one danger is a *slow* writer whose lease expired while it was still uploading: its objects look like
-garbage, and if GC removed them and the writer then advanced the head, the head would point at missing data.
-So GC never touches an identity under a live lease, and before deleting anything under an expired lease it
-breaks that lease (raising the epoch). The slow writer's commit then fails with FencedError instead.
-Objects younger than ``min_age`` are also left alone, as a margin for in-flight commits.
+What is due, per identity (one listing of the store grouped by identity, plus one head read each), with the
+policies of :mod:`airflow_stateful.core.retention`:
+
+``idle``
+    the head was last updated longer than ``idle_for`` ago: every object of the identity goes, head first.
+``retention``
+    more than ``keep_last`` checkpoints are kept: the oldest are dropped from the head by compare-and-swap,
+    then their manifests and the data no kept checkpoint refers to.
+``crash-garbage``
+    objects under ``~manifests/`` and ``~data/`` the head does not reference, older than ``min_age``.
+``orphan``
+    objects of an identity folder with no head at all, older than ``min_age`` (a purge that crashed half-way).
+``expired-state``
+    task/asset state store documents whose ``expires_at`` passed.
+
+**Maintenance never fences or robs a live writer** (docs/adr/0003-lease-renewal-and-maintenance.md). A lease
+is *held* until it has gone unrenewed for longer than its ttl plus ``grace``; writers renew theirs in the
+background, so a healthy writer's lease is always held. Under a held lease GC changes nothing in the head (no
+retention, no idle deletion: the writer applies its own ``keep_last`` at every commit) and deletes only crash
+garbage written before the holder took the lease, which no commit of the holder can reference. A lease that
+is *dead* (unrenewed past ttl + grace) is broken — inside a compare-and-swap that re-checks it is still
+that same, still dead lease, so a renewal that lands first wins — before any object its holder wrote is
+deleted; its holder's next commit then fails with FencedError instead of pointing at missing data.
+
+Two clocks: ``now`` (seconds since the epoch) judges head times (``updated_at``, lease expiry) and state
+document expiry, the writers' time domain; object ages (``min_age``) and the lease-acquisition cutoff are
+compared with the store's own last-modified stamps.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
+from airflow_stateful.core import config
 from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.records import DATA_DIR, MANIFEST_DIR, HeadRecord
-from airflow_stateful.core.stores.base import ObjectInfo
+from airflow_stateful.core.errors import (
+    CheckpointCorruptError,
+    FormatVersionError,
+    LeaseHeldError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StatefulError,
+)
+from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.kv import StateDocument, collect_expired
+from airflow_stateful.core.lease import Lease, check_holder
+from airflow_stateful.core.records import DATA_DIR, HEAD_NAME, MANIFEST_DIR, HeadRecord, WriterInfo
+from airflow_stateful.core.retention import CrashGarbage, IdleFor, KeepLast, referenced
+from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
 
 log = logging.getLogger("airflow_stateful")
 
-DEFAULT_MIN_AGE = timedelta(hours=1)
+IDLE, RETENTION, GARBAGE, ORPHAN, EXPIRED = "idle", "retention", "crash-garbage", "orphan", "expired-state"
+EXPIRED_STATE = "~state-store"
+"""The pseudo-identity under which expired task/asset state documents are reported."""
+DEFAULT_MIN_AGE = config.GC_MIN_AGE
+
+Progress = Callable[[int], None]
+
+
+class _Changed(StatefulError):
+    """The head moved since the plan; the identity is skipped."""
+
+
+@dataclass
+class IdentityPlan:
+    """What GC will do to one identity (or, for ``EXPIRED_STATE``, to the state store documents)."""
+
+    identity: str
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+    """Keys to delete, by reason (``idle``, ``retention``, ``crash-garbage``, ``orphan``, ``expired-state``)."""
+    bytes: int = 0
+    skipped: str | None = None
+    """What is left alone and why (a held lease)."""
+    head: HeadRecord | None = None
+    keep: tuple[str, ...] = ()
+    """For ``retention``: commit ids of the checkpoints the head keeps."""
+    break_token: str | None = None
+    """For ``crash-garbage``: the dead lease to break before its holder's objects are deleted."""
+    objects: dict[str, ObjectInfo] = field(default_factory=dict, repr=False)
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for keys in self.reasons.values() for k in keys]
+
+    def action(self, *, dry_run: bool, skipped: str | None = None) -> str:
+        """What a pass did (or would do) to this identity, for people: ``deleted``, ``skipped: why``, ...
+
+        :param skipped: why :func:`apply_gc` skipped the identity, if it did.
+        """
+        if skipped:
+            return f"skipped: {skipped}"
+        if not self.reasons:
+            return f"skipped: {self.skipped}"
+        verb = "would delete" if dry_run else "deleted"
+        return f"{verb} ({self.skipped})" if self.skipped else verb
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "identity": self.identity,
+            "reasons": {r: list(k) for r, k in self.reasons.items()},
+            "objects": len(self.keys),
+            "bytes": self.bytes,
+            "skipped": self.skipped,
+        }
+
+
+@dataclass
+class GcPlan:
+    """The result of :func:`plan_gc`: per identity, the exact keys a real pass deletes."""
+
+    store: ObjectStore
+    now: float
+    grace: float = config.LEASE_GRACE
+    identities: list[IdentityPlan] = field(default_factory=list)
+
+    @property
+    def keys(self) -> list[str]:
+        return sorted(k for p in self.identities for k in p.keys)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "store": self.store.url,
+            "now": self.now,
+            "identities": [p.to_json() for p in self.identities],
+        }
+
+
+@dataclass
+class GcResult:
+    """What :func:`apply_gc` deleted, and which identities it skipped because they changed."""
+
+    deleted: list[str] = field(default_factory=list)
+    bytes: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"deleted": sorted(self.deleted), "bytes": self.bytes, "skipped": dict(self.skipped)}
 
 
 @dataclass
 class GarbageReport:
-    """What a GC pass found (and, unless it was a dry run, deleted)."""
+    """What :func:`collect_garbage` found in one identity (and, unless it was a dry run, deleted)."""
 
     identity: str
     deleted: list[str] = field(default_factory=list)
@@ -37,72 +160,307 @@ class GarbageReport:
     skipped_reason: str | None = None
 
 
-def _referenced(head: HeadRecord | None) -> tuple[set[str], set[str]]:
-    if head is None:
-        return set(), set()
-    return {e.manifest for e in head.checkpoints}, {ref for e in head.checkpoints for ref in e.data_refs}
+def group_by_identity(store: ObjectStore, prefix: str = "") -> dict[str, list[ObjectInfo]]:
+    """One listing of the store, grouped by identity key; the library's ``~...`` top folders are left out.
 
-
-def unreferenced(
-    identity_key: str, infos: Iterable[ObjectInfo], head: HeadRecord | None, cutoff: datetime
-) -> list[ObjectInfo]:
-    """The objects of ``infos`` under ``identity_key`` that ``head`` does not reference, modified at or before
-    ``cutoff``. Shared by :func:`collect_garbage` and the store-wide planner, so both judge garbage alike.
-
-    The head itself and objects of nested identities (anything outside ``~manifests/`` and ``~data/``) are
-    never candidates.
+    ``~`` cannot occur in an identity segment, so the first ``/~`` of a key ends its identity.
     """
-    manifests, commits = _referenced(head)
-    found = []
-    for info in infos:
-        rest = info.key[len(identity_key) + 1 :]
-        top, _, tail = rest.partition("/")
-        ours = (top == MANIFEST_DIR and info.key not in manifests) or (
-            top == DATA_DIR and tail.partition("/")[0] not in commits
+    groups: dict[str, list[ObjectInfo]] = {}
+    for info in store.list_objects(prefix):
+        cut = info.key.find("/~")
+        if info.key.startswith("~") or cut < 0:
+            continue
+        key = info.key[:cut]
+        rest = info.key[cut + 1 :]
+        if rest != HEAD_NAME and rest.partition("/")[0] not in (MANIFEST_DIR, DATA_DIR):
+            continue
+        try:
+            Identity.parse(key)
+        except ValueError:
+            continue
+        groups.setdefault(key, []).append(info)
+    return groups
+
+
+def _describe_lease(head: HeadRecord) -> str:
+    lease = head.lease
+    assert lease is not None
+    return f"{lease.holder.describe()}, renewed {lease.last_renewed}, until {lease.expires_at}"
+
+
+def _plan_identity(
+    store: ObjectStore,
+    key: str,
+    infos: list[ObjectInfo],
+    *,
+    now: float,
+    idle: IdleFor | None,
+    keep_last: KeepLast | None,
+    garbage: CrashGarbage,
+) -> IdentityPlan:
+    item = IdentityPlan(identity=key, objects={i.key: i for i in infos})
+    cs = CheckpointStore(store=store, identity=Identity.parse(key))
+    head = cs.head() if cs.heads.key in item.objects else None
+    item.head = head
+    cutoff = datetime.now(tz=timezone.utc) - garbage.min_age
+    if head is None:
+        # No head: a purge that crashed after deleting it (or a head deleted since the listing).
+        old = [i.key for i in infos if i.key != cs.heads.key and i.last_modified <= cutoff]
+        if old:
+            item.reasons[ORPHAN] = old
+        return item
+    held = head.lease is not None and not head.lease.dead(now, grace=garbage.grace)
+    notes: list[str] = []
+    if held:
+        # The writer is alive (or may be): its head is its own. Only garbage from before its lease goes.
+        if idle is not None and idle.due(head, now):
+            notes.append("idle, but a held lease is never broken")
+        elif keep_last is not None and len(head.checkpoints) > keep_last.n:
+            notes.append("retention is left to its writer")
+    elif idle is not None and idle.due(head, now):
+        item.reasons[IDLE] = [i.key for i in infos]
+        return item
+    elif keep_last is not None and len(head.checkpoints) > keep_last.n:
+        keep, drop = keep_last.split(list(head.checkpoints))
+        protected = {ref for e in keep for ref in e.data_refs}
+        dropped_refs = {ref for e in drop for ref in e.data_refs} - protected
+        dropped = [e.manifest for e in drop if e.manifest in item.objects]
+        dropped += [
+            i.key
+            for i in infos
+            if i.key.startswith(f"{key}/{DATA_DIR}/")
+            and i.key[len(key) + len(DATA_DIR) + 2 :].partition("/")[0] in dropped_refs
+        ]
+        item.keep = tuple(e.commit_id for e in keep)
+        item.reasons[RETENTION] = dropped
+    stale, holders = garbage.split(key, infos, head)
+    if holders and held:
+        notes.append(f"{len(holders)} unreferenced object(s) written under it are kept")
+        holders = []
+    elif holders:
+        assert head.lease is not None
+        item.break_token = head.lease.token  # dead past its grace: break it, then its uploads are garbage
+    planned = set(item.keys)
+    found = [i.key for i in (*stale, *holders) if i.key not in planned]
+    if found:
+        item.reasons[GARBAGE] = found
+    if notes:
+        item.skipped = f"live lease held by {_describe_lease(head)}: {'; '.join(notes)}"
+    return item
+
+
+def plan_gc(
+    store: ObjectStore,
+    *,
+    now: float | None = None,
+    idle_for: timedelta | None = None,
+    keep_last: int | None = None,
+    min_age: timedelta = DEFAULT_MIN_AGE,
+    grace: float = config.LEASE_GRACE,
+    prefix: str = "",
+    expired_state: bool = True,
+    progress: Progress | None = None,
+    groups: dict[str, list[ObjectInfo]] | None = None,
+) -> GcPlan:
+    """Read the store and decide what a GC pass deletes, changing nothing.
+
+    :param now: seconds since the epoch for head times and state expiry (default: the wall clock).
+    :param idle_for: delete identities whose head was not updated for this long (default: never).
+    :param keep_last: keep at most this many checkpoints per identity (default: leave history alone).
+    :param min_age: unreferenced objects younger than this are left alone.
+    :param grace: seconds past its expiry before a lease counts as dead (``[stateful] lease_grace``).
+    :param prefix: only identities whose key starts with this.
+    :param expired_state: also plan the deletion of expired task/asset state documents (whole store).
+    :param progress: called once per identity planned.
+    :param groups: a listing already grouped by :func:`group_by_identity` (saves a listing).
+    """
+    now = time.time() if now is None else now
+    retention = KeepLast(keep_last) if keep_last is not None else None
+    idle = IdleFor(idle_for) if idle_for is not None else None
+    garbage = CrashGarbage(min_age=min_age, grace=grace)
+    plan = GcPlan(store=store, now=now, grace=grace)
+    if groups is None:
+        groups = group_by_identity(store, prefix)
+    for key in sorted(groups):
+        item = _plan_identity(
+            store, key, groups[key], now=now, idle=idle, keep_last=retention, garbage=garbage
         )
-        if ours and info.last_modified <= cutoff:
-            found.append(info)
-    return found
+        item.bytes = sum(item.objects[k].size for k in item.keys if k in item.objects)
+        if item.reasons or item.skipped:
+            plan.identities.append(item)
+        if progress:
+            progress(1)
+    if expired_state and not prefix:
+        report = collect_expired(store, now=datetime.fromtimestamp(now, tz=timezone.utc), dry_run=True)
+        if report.deleted:
+            plan.identities.append(IdentityPlan(identity=EXPIRED_STATE, reasons={EXPIRED: report.deleted}))
+    return plan
+
+
+def apply_gc(plan: GcPlan, *, progress: Progress | None = None) -> GcResult:
+    """Delete exactly the keys of ``plan``, re-validating each identity first; changed ones are skipped."""
+    result = GcResult()
+    store = plan.store
+    for item in plan.identities:
+        if item.reasons:
+            try:
+                if item.identity == EXPIRED_STATE:
+                    deleted = _delete_expired(store, item.reasons[EXPIRED], plan.now)
+                else:
+                    deleted = _apply_identity(store, item, grace=plan.grace)
+            except (_Changed, LeaseHeldError) as exc:
+                result.skipped[item.identity] = str(exc)
+                log.info("gc: skipped %s: %s", item.identity, exc)
+            else:
+                result.deleted.extend(deleted)
+                result.bytes += sum(item.objects[k].size for k in deleted if k in item.objects)
+        if progress:
+            progress(1)
+    if result.deleted:
+        log.info("gc: deleted %d object(s) from %s", len(result.deleted), store.url)
+    return result
+
+
+def _same(a: HeadRecord | None, b: HeadRecord | None) -> bool:
+    """Whether two heads hold the same checkpoints under the same lease (renewals and ``updated_at`` aside)."""
+    if a is None or b is None:
+        return a is b
+    token = (a.lease.token if a.lease else None, b.lease.token if b.lease else None)
+    return (a.epoch, a.next_seq, a.checkpoints, token[0]) == (b.epoch, b.next_seq, b.checkpoints, token[1])
+
+
+def _apply_identity(store: ObjectStore, item: IdentityPlan, *, grace: float) -> list[str]:
+    cs = CheckpointStore(store=store, identity=Identity.parse(item.identity), clock=time.time)
+    if ORPHAN in item.reasons:
+        if cs.head() is not None:
+            raise _Changed("it got a head since the plan; run GC again")
+        store.delete_many(item.reasons[ORPHAN])  # new objects (a new writer's) are not in the plan
+        return list(item.reasons[ORPHAN])
+    if IDLE in item.reasons:
+        return _delete_identity(cs, item, grace=grace)
+    deleted: list[str] = []
+    if RETENTION in item.reasons:
+        keep = set(item.keep)
+
+        def decide(head: HeadRecord | None) -> HeadRecord:
+            if not _same(head, item.head):
+                raise _Changed("its head changed since the plan; run GC again")
+            assert head is not None
+            if head.lease is not None and not head.lease.dead(cs.clock(), grace=grace):
+                raise LeaseHeldError(f"{cs.identity} was leased by {head.lease.holder.describe()} meanwhile")
+            return head.evolve(checkpoints=tuple(e for e in head.checkpoints if e.commit_id in keep))
+
+        cs.heads.update(decide)
+        store.delete_many(item.reasons[RETENTION])
+        deleted += item.reasons[RETENTION]
+    if GARBAGE in item.reasons:
+        deleted += _delete_garbage(cs, item, grace=grace)
+    return deleted
+
+
+def _delete_garbage(cs: CheckpointStore, item: IdentityPlan, *, grace: float) -> list[str]:
+    """Delete the planned garbage that is still garbage under the head as it is now.
+
+    A planned dead lease is broken first (only if it is still that lease, still dead). Then every candidate
+    is re-checked against a fresh head: not referenced, and older than the current lease's acquisition.
+    """
+    if item.break_token is not None:
+        try:
+            cs.break_lease(grace=grace, token=item.break_token)
+        except LeaseHeldError as exc:
+            log.info("gc %s: not breaking the lease: %s", cs.identity, exc)
+    head = cs.head()
+    candidates = [item.objects[k] for k in item.reasons[GARBAGE]]
+    manifests, commits = referenced(head)
+    protected_after = CrashGarbage(grace=grace).protected_after(head)
+    keys = []
+    for info in candidates:
+        rest = info.key[len(item.identity) + 1 :]
+        top, _, tail = rest.partition("/")
+        if info.key in manifests or (top == DATA_DIR and tail.partition("/")[0] in commits):
+            log.error("gc %s: %s became referenced after the plan; it is kept", cs.identity, info.key)
+            continue
+        if protected_after is not None and info.last_modified >= protected_after:
+            continue  # written under the lease that stands now: its holder's commit may use it
+        keys.append(info.key)
+    cs.store.delete_many(keys)
+    return keys
+
+
+def _delete_identity(cs: CheckpointStore, item: IdentityPlan, *, grace: float) -> list[str]:
+    """Take the lease (never stealing a held one), then delete the head conditionally and the planned objects.
+
+    Not :meth:`CheckpointStore.purge`: purge deletes whatever a fresh listing shows, while GC must delete
+    exactly the planned keys (objects that appeared since are left for the next pass).
+    """
+    lease: Lease = cs.acquire(
+        holder=WriterInfo.current(task_id="airflow-stateful gc"), steal=False, grace=grace
+    )
+    head, etag = cs.heads.load()
+    try:
+        head = check_holder(head, lease, action="delete the state of")
+    except StatefulError as exc:
+        raise _Changed(str(exc)) from exc
+    assert item.head is not None and etag is not None
+    if (head.next_seq, head.checkpoints) != (item.head.next_seq, item.head.checkpoints):
+        cs.release(lease)
+        raise _Changed("its head changed since the plan; run GC again")
+    try:
+        cs.store.delete(cs.heads.key, if_match=etag)
+    except PreconditionFailedError as exc:
+        raise _Changed("its head changed while it was being deleted") from exc
+    rest = [k for k in item.reasons[IDLE] if k != cs.heads.key]
+    cs.store.delete_many(rest)
+    log.info("gc: deleted idle identity %s (%d objects)", cs.identity, len(rest) + 1)
+    return list(item.reasons[IDLE])
+
+
+def _delete_expired(store: ObjectStore, keys: list[str], now: float) -> list[str]:
+    """Delete the planned state documents that are still expired, each conditional on the ETag judged."""
+    when = datetime.fromtimestamp(now, tz=timezone.utc)
+    deleted = []
+    for key in keys:
+        try:
+            blob = store.get(key)
+            doc = StateDocument.from_bytes(blob.data, where=f"{key!r} in {store.url}")
+        except (ObjectNotFoundError, CheckpointCorruptError, FormatVersionError):
+            continue
+        if not doc.expired(when):
+            continue
+        try:
+            store.delete(key, if_match=blob.etag)
+        except PreconditionFailedError:
+            continue
+        deleted.append(key)
+    return deleted
 
 
 def collect_garbage(
     checkpoints: CheckpointStore,
     *,
     min_age: timedelta = DEFAULT_MIN_AGE,
+    grace: float = config.LEASE_GRACE,
     dry_run: bool = False,
 ) -> GarbageReport:
-    """Delete this identity's unreferenced objects older than ``min_age``."""
+    """Delete one identity's crash garbage older than ``min_age`` (never what a held lease may still use)."""
     identity = checkpoints.identity
-    store = checkpoints.store
-    report = GarbageReport(identity=identity.key)
-    head = checkpoints.head()
-    now = checkpoints.clock()
-    if head is not None and head.lease is not None and not head.lease.expired(now):
-        report.skipped_reason = (
-            f"live lease held by {head.lease.holder.describe()} until {head.lease.expires_at}"
-        )
-        return report
-
-    # Object ages are judged on the wall clock, the store's own time domain (last-modified stamps).
-    cutoff = datetime.now(tz=timezone.utc) - min_age
-    manifests, commits = _referenced(head)
-    candidates = unreferenced(identity.key, store.list_objects(f"{identity.key}/"), head, cutoff)
-    if not candidates:
-        return report
-    report.deleted = [c.key for c in candidates]
-    report.bytes = sum(c.size for c in candidates)
-    if dry_run:
-        return report
-
-    if head is not None and head.lease is not None:
-        # Expired lease: fence its holder before its objects can disappear under it.
-        fenced = checkpoints.break_lease()
-        if fenced is None or _referenced(fenced) != (manifests, commits):
-            report.deleted, report.bytes = [], 0
-            report.skipped_reason = "the head changed during GC; run it again"
-            return report
-    store.delete_many(report.deleted)
-    log.info(
-        "gc %s: deleted %d unreferenced object(s), %d bytes", identity, len(report.deleted), report.bytes
+    infos = list(checkpoints.store.list_objects(f"{identity.key}/"))
+    item = _plan_identity(
+        checkpoints.store,
+        identity.key,
+        [i for i in infos if i.key.startswith(f"{identity.key}/~")],
+        now=checkpoints.clock(),
+        idle=None,
+        keep_last=None,
+        garbage=CrashGarbage(min_age=min_age, grace=grace),
     )
+    report = GarbageReport(identity=identity.key, skipped_reason=item.skipped)
+    planned = item.reasons.get(GARBAGE, [])
+    if dry_run or not planned:
+        report.deleted = list(planned)
+    else:
+        cs = CheckpointStore(store=checkpoints.store, identity=identity, clock=checkpoints.clock)
+        report.deleted = _delete_garbage(cs, item, grace=grace)
+        log.info("gc %s: deleted %d unreferenced object(s)", identity, len(report.deleted))
+    report.bytes = sum(item.objects[k].size for k in report.deleted)
     return report

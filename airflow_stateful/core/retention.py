@@ -1,12 +1,23 @@
-"""Which committed checkpoints an identity keeps. A small protocol so policies can grow (age, every Nth, ...)."""
+"""Retention policies: what an identity keeps, as small objects the commit path and GC share.
+
+* :class:`KeepLast` — which committed checkpoints the head keeps (a commit applies it, and so can GC);
+* :class:`IdleFor` — when a whole identity is unused long enough to delete;
+* :class:`CrashGarbage` — which unreferenced objects (left by crashed or fenced commits, or failed retention
+  deletes) may go, and which must stay because a lease holder's commit may still reference them.
+
+They only decide; :mod:`airflow_stateful.core.gc` reads the store, applies them and deletes.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
-from airflow_stateful.core.records import CheckpointEntry
+from airflow_stateful.core import config
+from airflow_stateful.core.records import DATA_DIR, MANIFEST_DIR, CheckpointEntry, HeadRecord, parse_iso
+from airflow_stateful.core.stores.base import ObjectInfo
 
 
 class RetentionPolicy(Protocol):
@@ -32,3 +43,87 @@ class KeepLast:
     ) -> tuple[list[CheckpointEntry], list[CheckpointEntry]]:
         cut = max(len(entries) - self.n, 0)
         return list(entries[cut:]), list(entries[:cut])
+
+
+@dataclass(frozen=True)
+class IdleFor:
+    """An identity whose head was not updated for longer than ``duration`` is idle (deleted whole by GC).
+
+    A writer's lease renewals update the head, so an identity with a live writer is never idle.
+    """
+
+    duration: timedelta
+
+    def due(self, head: HeadRecord, now: float) -> bool:
+        return bool(head.updated_at) and now - parse_iso(head.updated_at) > self.duration.total_seconds()
+
+
+def referenced(head: HeadRecord | None) -> tuple[set[str], set[str]]:
+    """The manifest keys and data commit ids the head's kept checkpoints reference."""
+    if head is None:
+        return set(), set()
+    return {e.manifest for e in head.checkpoints}, {ref for e in head.checkpoints for ref in e.data_refs}
+
+
+def unreferenced(identity_key: str, infos: Iterable[ObjectInfo], head: HeadRecord | None) -> list[ObjectInfo]:
+    """The objects of ``infos`` under ``identity_key``'s ``~manifests/`` and ``~data/`` the head does not reference.
+
+    The head itself and objects of nested identities (anything outside those two folders) never qualify.
+    """
+    manifests, commits = referenced(head)
+    found = []
+    for info in infos:
+        rest = info.key[len(identity_key) + 1 :]
+        top, _, tail = rest.partition("/")
+        if (top == MANIFEST_DIR and info.key not in manifests) or (
+            top == DATA_DIR and tail.partition("/")[0] not in commits
+        ):
+            found.append(info)
+    return found
+
+
+@dataclass(frozen=True)
+class CrashGarbage:
+    """Unreferenced objects older than ``min_age``, minus what a lease holder's commit may still reference.
+
+    A lease holder only ever references objects it uploaded itself (all written after it took the lease) and
+    data its newest checkpoint already references. So every unreferenced object written before the holder's
+    acquisition is garbage forever, while the holder's own uploads are protected for as long as its lease
+    stands: ``last_modified >= acquired_at - grace`` (``grace`` absorbs clock skew between the holder, which
+    stamps ``acquired_at``, and the store, which stamps ``last_modified``). Only once the lease is broken (dead
+    past ttl + grace, see :mod:`airflow_stateful.core.lease`) are those uploads garbage too.
+
+    :param min_age: leave younger objects alone whatever the lease (an extra margin; 0 disables it).
+    :param grace: the lease grace, in seconds.
+    """
+
+    min_age: timedelta = config.GC_MIN_AGE
+    grace: float = config.LEASE_GRACE
+
+    def protected_after(self, head: HeadRecord | None) -> datetime | None:
+        """Objects modified at or after this may belong to the lease holder's commit (``None``: no lease)."""
+        if head is None or head.lease is None:
+            return None
+        acquired = parse_iso(head.lease.acquired_at) - self.grace
+        return datetime.fromtimestamp(acquired, tz=timezone.utc)
+
+    def split(
+        self,
+        identity_key: str,
+        infos: Iterable[ObjectInfo],
+        head: HeadRecord | None,
+        *,
+        wall_now: datetime | None = None,
+    ) -> tuple[list[ObjectInfo], list[ObjectInfo]]:
+        """``(garbage, held)``: old unreferenced objects, and those of them the current lease protects."""
+        cutoff = (wall_now or datetime.now(tz=timezone.utc)) - self.min_age
+        protected_after = self.protected_after(head)
+        garbage, held = [], []
+        for info in unreferenced(identity_key, infos, head):
+            if info.last_modified > cutoff:
+                continue
+            if protected_after is not None and info.last_modified >= protected_after:
+                held.append(info)
+            else:
+                garbage.append(info)
+        return garbage, held

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.gc import unreferenced
+from airflow_stateful.core.gc import Progress, group_by_identity
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.records import parse_iso
-from airflow_stateful.core.retention_gc import Progress, group_by_identity
+from airflow_stateful.core.retention import unreferenced
 from airflow_stateful.core.stores.base import ObjectStore
 
 GB = 1024**3
@@ -44,12 +43,11 @@ def disk_usage(
     now = time.time() if now is None else now
     rows = []
     groups = group_by_identity(store, prefix)
-    far_future = datetime.max.replace(tzinfo=timezone.utc)
     for key in sorted(groups):
         infos = groups[key]
         cs = CheckpointStore(store=store, identity=Identity.parse(key))
         head = cs.head() if any(i.key == cs.heads.key for i in infos) else None
-        garbage = unreferenced(key, infos, head, far_future)
+        garbage = unreferenced(key, infos, head)
         rows.append(
             Usage(
                 identity=key,

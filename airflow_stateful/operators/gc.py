@@ -2,7 +2,7 @@
 
 A maintenance DAG (``dags/stateful_maintenance.py``) runs it daily, so crash garbage, orphans of crashed
 purges, idle identities and expired task state documents do not pile up in the bucket unnoticed. The
-policy engine is :mod:`airflow_stateful.core.retention_gc`; this operator only opens the store through
+policy engine is :mod:`airflow_stateful.core.gc`; this operator only opens the store through
 :class:`~airflow_stateful.hooks.state.StateHook` and logs progress (a task log is not a terminal, so
 progress is a few log lines).
 """
@@ -16,29 +16,12 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_stateful.core.gc import DEFAULT_MIN_AGE
+from airflow_stateful.core.durations import parse_duration
+from airflow_stateful.core.gc import DEFAULT_MIN_AGE, apply_gc, group_by_identity, plan_gc
 from airflow_stateful.core.item_progress import ItemProgress
-from airflow_stateful.core.retention_gc import apply_gc, group_by_identity, plan_gc
 from airflow_stateful.hooks.state import StateHook
 
 log = logging.getLogger("airflow_stateful")
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(value: timedelta | str | float | None) -> timedelta | None:
-    """``timedelta``, seconds, or text like ``"30d"``, ``"12h"``, ``"90m"`` (templated values are text)."""
-    if value is None or isinstance(value, timedelta):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return timedelta(seconds=value)
-    text = str(value).strip()
-    try:
-        if text and text[-1] in _UNITS:
-            return timedelta(seconds=float(text[:-1]) * _UNITS[text[-1]])
-        return timedelta(seconds=float(text))
-    except ValueError:
-        raise ValueError(f"not a duration: {value!r} (use e.g. 30m, 12h, 30d)") from None
 
 
 class StatefulGCOperator(BaseOperator):
@@ -88,9 +71,10 @@ class StatefulGCOperator(BaseOperator):
         progress = ItemProgress(label="gc: planning", total=len(groups), logger=log)
         plan = plan_gc(
             store,
-            idle_for=parse_duration(self.idle_for),
+            idle_for=parse_duration(self.idle_for, what="idle_for") if self.idle_for is not None else None,
             keep_last=self.keep_last,
-            min_age=parse_duration(self.min_age) or timedelta(0),
+            min_age=parse_duration(self.min_age, what="min_age"),
+            grace=hook.lease_grace,
             prefix=self.prefix or "",
             progress=progress,
             groups=groups,
@@ -103,8 +87,7 @@ class StatefulGCOperator(BaseOperator):
             progress.finish()
         identities: list[dict[str, Any]] = []
         for item in plan.identities:
-            reason = item.skipped or skipped.get(item.identity)
-            action = f"skipped: {reason}" if reason else ("would delete" if self.only_report else "deleted")
+            action = item.action(dry_run=self.only_report, skipped=skipped.get(item.identity))
             identities.append(
                 {
                     "identity": item.identity,

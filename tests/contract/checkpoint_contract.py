@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -394,31 +395,41 @@ class CheckpointStoreContract:
             assert read_tree(restored) == read_tree(expected), f"{where}: files differ from the value's"
 
             # The dead writer's lease expires; GC removes what it left behind, and only that.
-            clock.advance(reader.lease_ttl + 1)
-            report = collect_garbage(reader, min_age=timedelta(0))
+            clock.advance(reader.lease_ttl + 61)
+            report = collect_garbage(reader, min_age=timedelta(0), grace=60)
             assert report.skipped_reason is None, where
             assert objects(store, reader.identity) == referenced(reader), where
             # And the identity is fully usable again.
             reader.commit(reader.acquire(), {"version": "after"})
             assert reader.latest().value == {"version": "after"}  # type: ignore[union-attr]
 
-    def test_gc_never_touches_a_live_lease_and_keeps_young_objects(self, store: ObjectStore) -> None:
-        clock = FakeClock()
+    def test_gc_never_robs_a_held_lease_and_keeps_young_objects(self, store: ObjectStore) -> None:
+        """Garbage from before the lease goes at once; what the holder wrote stays until its lease is dead."""
+        earlier = f"{IDENTITY.key}/~data/0ld0ld/0"
+        store.put(earlier, b"left by a try that crashed before this lease was taken")
+        time.sleep(2.2)  # the store stamps objects by the second on some endpoints: let the grace (1 s) pass
+        clock = FakeClock()  # the real time now; moved by hand from here on
         cs = make(store, clock=clock)
         lease = cs.acquire()
         cs.commit(lease, {"v": 1})
-        store.put(f"{IDENTITY.key}/~data/deadbeef/0", b"crash garbage")
-        live = collect_garbage(cs, min_age=timedelta(0))
+        uploaded = f"{IDENTITY.key}/~data/deadbeef/0"
+        store.put(uploaded, b"an upload of the holder, not committed yet")
+
+        live = collect_garbage(cs, min_age=timedelta(0), grace=1)
         assert live.skipped_reason and "live lease" in live.skipped_reason
-        assert f"{IDENTITY.key}/~data/deadbeef/0" in objects(store)
-        clock.advance(cs.lease_ttl + 1)
-        young = collect_garbage(cs, min_age=timedelta(days=1))  # real mtimes are seconds old
+        assert uploaded in objects(store), "what the holder wrote may still be committed by it"
+        assert earlier not in objects(store), "garbage from before the lease is nobody's: it goes at once"
+        clock.advance(cs.lease_ttl + 0.5)  # expired, but within the grace: maybe a renewal in flight
+        within_grace = collect_garbage(cs, min_age=timedelta(0), grace=1)
+        assert within_grace.deleted == [] and uploaded in objects(store)
+        clock.advance(1)  # unrenewed for longer than ttl + grace: the lease is dead
+        young = collect_garbage(cs, min_age=timedelta(days=1), grace=1)  # real mtimes are seconds old
         assert young.deleted == []
-        dry = collect_garbage(cs, min_age=timedelta(0), dry_run=True)
-        assert dry.deleted == [f"{IDENTITY.key}/~data/deadbeef/0"]
-        assert f"{IDENTITY.key}/~data/deadbeef/0" in objects(store)
-        real = collect_garbage(cs, min_age=timedelta(0))
+        dry = collect_garbage(cs, min_age=timedelta(0), grace=1, dry_run=True)
+        assert dry.deleted == [uploaded]
+        assert uploaded in objects(store)
+        real = collect_garbage(cs, min_age=timedelta(0), grace=1)
         assert real.deleted == dry.deleted
         assert objects(store) == referenced(cs)
-        with pytest.raises(FencedError):
-            cs.commit(lease, {"v": 2})  # GC fenced the expired holder before deleting under it
+        with pytest.raises(FencedError, match="broken"):
+            cs.commit(lease, {"v": 2})  # GC fenced the dead holder before deleting what it wrote

@@ -9,6 +9,7 @@ swallow it, just as nothing survives a SIGKILL.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -65,10 +66,14 @@ class CrashingStore(ObjectStore):
 
 
 class FakeClock:
-    """Seconds since the epoch that only move when the test says so (lease expiry without sleeping)."""
+    """Seconds since the epoch that only move when the test says so (lease expiry without sleeping).
 
-    def __init__(self, start: float = 1_900_000_000.0) -> None:
-        self.now = start
+    It starts at the real time, so lease times and the store's own last-modified stamps agree until the
+    test moves it (GC compares the two: what a lease holder wrote is newer than its acquisition).
+    """
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
 
     def __call__(self) -> float:
         return self.now
