@@ -35,7 +35,7 @@ from airflow_stateful.core.gc import (
     plan_gc,
 )
 from airflow_stateful.core.item_progress import ItemProgress
-from airflow_stateful.core.kv import KeyValueStore, object_key, task_prefix
+from airflow_stateful.core.state_documents import KeyValueStore, object_key, task_prefix
 from airflow_stateful.core.stores.base import ObjectStore
 
 DAY = 86400.0

@@ -54,10 +54,10 @@ from airflow_stateful.core.errors import (
     StatefulError,
 )
 from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.kv import StateDocument, collect_expired
 from airflow_stateful.core.lease import Lease, check_holder
 from airflow_stateful.core.records import DATA_DIR, HEAD_NAME, MANIFEST_DIR, HeadRecord, WriterInfo
 from airflow_stateful.core.retention import CrashGarbage, IdleFor, KeepLast, referenced
+from airflow_stateful.core.state_documents import StateDocument, collect_expired
 from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
 
 log = logging.getLogger("airflow_stateful")
