@@ -2,7 +2,8 @@
 
 The pattern of Airflow's own ``example_task_state_store``: ``run_job`` submits a long-running external job,
 keeps its id in ``context["task_state_store"]`` and "crashes"; the retry finds the id there and reattaches
-instead of submitting a duplicate. ``count_rows`` is mapped: each map index has its own keys.
+instead of submitting a duplicate. ``count_rows`` is mapped: each map index has its own keys. Keys may hold
+``/`` (``job/submitted_on_try``), as on Airflow's own backends.
 
 It runs on any state store backend: Airflow's default (the metadata database), or
 ``airflow_stateful.state_store.S3StateStoreBackend``, which keeps every key as a conditionally written
@@ -55,13 +56,13 @@ def task_state_store_job() -> None:
             job_id = submit_job(ti.try_number)
             # NEVER_EXPIRE: the id must outlive every retry, whatever [state_store] default_retention_days says.
             task_state_store.set("job_id", job_id, retention=NEVER_EXPIRE)
-            task_state_store.set("submitted_on_try", ti.try_number)
-            task_state_store.set("submitted_at", datetime.now(tz=timezone.utc).isoformat())
+            task_state_store.set("job/submitted_on_try", ti.try_number)
+            task_state_store.set("job/submitted_at", datetime.now(tz=timezone.utc).isoformat())
             raise RuntimeError(f"simulated crash after submitting {job_id}; the retry reattaches to it")
         task_state_store.set("status", "complete")
         result = {
             "job_id": job_id,
-            "submitted_on_try": task_state_store.get("submitted_on_try"),
+            "submitted_on_try": task_state_store.get("job/submitted_on_try"),
             "finished_on_try": ti.try_number,
         }
         task_state_store.set("result", result)

@@ -13,6 +13,8 @@ import asyncio
 import importlib
 import json
 import os
+import random
+import string
 import subprocess
 import sys
 import textwrap
@@ -22,7 +24,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pytest
 from dag_helpers import find_dag, load_dag_module
@@ -35,13 +37,14 @@ from airflow_stateful.core.errors import (
     IdentityError,
     InvalidValueError,
 )
-from airflow_stateful.core.state_documents import StateDocument, collect_expired
+from airflow_stateful.core.state_documents import StateDocument, collect_expired, validate_state_key
 from airflow_stateful.core.stores.base import Blob, ObjectInfo, ObjectStore, StoredFile
 from airflow_stateful.core.stores.local import LocalObjectStore
 
 REPO = Path(__file__).resolve().parent.parent
 REF_KEY = "__airflow_state_ref__"
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+SEGMENT_CHARS = frozenset(string.ascii_letters + string.digits + "._-%")
 
 
 def task_scope(**overrides: Any) -> Any:
@@ -172,8 +175,9 @@ def test_asset_scopes_by_name_uri_and_id_are_separate_namespaces(
 @pytest.mark.parametrize(
     ("key", "message"),
     [
-        ("jobs/42", "contains '/'"),
         ("line\nbreak", "control character"),
+        ("tab\there", "control character"),
+        ("/" * 100, "305 bytes once encoded"),
         ("", "non-empty string"),
         ("k" * 201, "201 characters"),
     ],
@@ -207,6 +211,64 @@ def test_keys_and_scope_parts_are_encoded_so_nothing_escapes_its_folder(
         "...json",
         "key%20with%20spaces%3A%20%C3%BC.json",
     ]
+
+
+# Keys that a naive encoding would confuse: "/" against its percent-encoded spelling and other separators,
+# "%" itself, case, and the path segments "." and "..".
+CONFUSABLE_KEYS = [
+    "a/b", "a_b", "a%2Fb", "a%2fb", "a%252Fb", "a-b", "a.b", "a b", "a:b", "a//b", "/a/b/", "ab",
+    "A/B", "a/B", "K", "k", ".", "..", "...", "./..", "%", "%25", "%2F", "/", "//", "k.json", "~k",
+    "ü", "u\u0308",  # the same letter precomposed and decomposed: two keys
+]  # fmt: skip
+
+
+def test_keys_with_a_slash_round_trip_as_one_object_and_never_collide(
+    backend: Any, object_store: ObjectStore
+) -> None:
+    """Airflow's own backends accept ``connector/offset``; each such key is one object, never a folder."""
+    scope = task_scope()
+    for key in CONFUSABLE_KEYS:
+        backend.set(scope, key, json.dumps(key))
+    assert [backend.get(scope, key) for key in CONFUSABLE_KEYS] == [json.dumps(k) for k in CONFUSABLE_KEYS]
+    stored = keys_in(object_store)
+    assert len(stored) == len(CONFUSABLE_KEYS), "one object per key: no two keys share an object"
+    assert {key.rsplit("/", 1)[0] for key in stored} == {f"{RUN_DIR}/load/map=-1"}, "no key made a folder"
+    assert backend.object_key(scope, "connector/offset") == f"{RUN_DIR}/load/map=-1/connector%2Foffset.json"
+
+    backend.delete(scope, "a/b")
+    assert (backend.get(scope, "a/b"), backend.get(scope, "a_b"), backend.get(scope, "a%2Fb")) == (
+        None,
+        '"a_b"',
+        '"a%2Fb"',
+    )
+    ref = backend.serialize_task_state_store_to_ref(value={"offset": 7}, key="connector/offset", scope=scope)
+    assert ref.endswith("/load/map=-1/connector%2Foffset.json")
+    assert backend.deserialize_task_state_store_from_ref(ref) == {"offset": 7}
+    backend.clear(scope)
+    assert keys_in(object_store) == []
+
+
+def generated_keys(count: int, *, seed: int) -> list[str]:
+    """Random keys over an alphabet chosen to collide under a careless encoding (no hypothesis here)."""
+    alphabet = [*"aAbBfF2%/._-~: +", "ü", "\u0308", "€", "😀", "\u00a0", "\u200b", "\\"]
+    rng = random.Random(seed)
+    keys = {"".join(rng.choices(alphabet, k=rng.randint(1, 12))) for _ in range(count)}
+    return sorted(keys | set(CONFUSABLE_KEYS))
+
+
+def test_the_key_encoding_is_injective_and_yields_one_safe_segment() -> None:
+    keys = generated_keys(20000, seed=11)
+    assert len(keys) > 15000
+    names: dict[str, str] = {}
+    for key in keys:
+        name = validate_state_key(key)
+        assert name.endswith(".json") and "/" not in name and name not in (".", ".."), (key, name)
+        assert set(name) <= SEGMENT_CHARS, (key, name)
+        # Decoding gives the key back, so no two keys can share a name (a left inverse proves injectivity).
+        assert unquote(name[: -len(".json")], errors="strict") == key, (key, name)
+        names[name] = key
+    assert len(names) == len(keys)
+    assert validate_state_key("K") != validate_state_key("k"), "case is kept (S3 keys are case-sensitive)"
 
 
 def test_a_value_that_is_not_json_text_is_refused(backend: Any, object_store: ObjectStore) -> None:
@@ -714,11 +776,11 @@ def test_example_dag_keeps_its_state_across_a_retry_in_s3(
     assert sorted(docs) == [
         f"{run_dir}/count_rows/map=0/rows.json",
         f"{run_dir}/count_rows/map=1/rows.json",
+        f"{run_dir}/run_job/map=-1/job%2Fsubmitted_at.json",  # key job/submitted_at: one object
+        f"{run_dir}/run_job/map=-1/job%2Fsubmitted_on_try.json",
         f"{run_dir}/run_job/map=-1/job_id.json",
         f"{run_dir}/run_job/map=-1/result.json",
         f"{run_dir}/run_job/map=-1/status.json",
-        f"{run_dir}/run_job/map=-1/submitted_at.json",
-        f"{run_dir}/run_job/map=-1/submitted_on_try.json",
     ]
     job = docs[f"{run_dir}/run_job/map=-1/job_id.json"]
     assert json.loads(job["value"]) == job_id

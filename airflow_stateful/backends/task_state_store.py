@@ -9,10 +9,11 @@ local directory), below two folders of that store's root::
     <prefix>/~asset-state/uri=<asset uri>/<key>.json       (worker side: asset by URI)
     <prefix>/~asset-state/id=<asset id>/<key>.json         (server side: Airflow's asset id)
 
-Every part is percent-encoded (:mod:`airflow_stateful.core.state_documents` has the document format). Unlike a
-plain overwrite, every write is conditional (create-if-absent, else compare-and-swap on the ETag), so
-concurrent writers never tear a value or lose a write silently, and each document carries the ``expires_at``
-Airflow computed, which :func:`~airflow_stateful.core.state_documents.collect_expired` (and
+Every part is percent-encoded, and a key is always one object name (``connector/offset`` is the object
+``connector%2Foffset.json``; :mod:`airflow_stateful.core.state_documents` has the format). Unlike a plain
+overwrite, every write is conditional (create-if-absent, else compare-and-swap on the ETag), so concurrent
+writers never tear a value or lose a write silently, and each document carries the ``expires_at`` Airflow
+computed, which :func:`~airflow_stateful.core.state_documents.collect_expired` (and
 :meth:`S3StateStoreBackend.cleanup`) honours.
 
 Users configure the class by the path they already have in airflow.cfg,

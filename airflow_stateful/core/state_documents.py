@@ -11,7 +11,10 @@ Layout, relative to the store's root (the ``s3://bucket/prefix`` or directory of
 
 Names, ids and keys are percent-encoded with :func:`~airflow_stateful.core.identity.encode_segment`
 (``manual__2026-01-01T00:00:00+00:00`` becomes ``manual__2026-01-01T00%3A00%3A00%2B00%3A00``), so no part can
-escape its folder. ``~`` cannot start a checkpoint identity, so these folders never collide with checkpoints.
+escape its folder. A key is always ONE object name, whatever it holds: ``connector/offset`` is stored as
+``connector%2Foffset.json`` (``/`` is encoded like every character outside letters, digits and ``._-``, and
+``%`` itself as ``%25``), so the encoding is injective: ``a/b``, ``a_b`` and ``a%2Fb`` are three objects.
+``~`` cannot start a checkpoint identity, so these folders never collide with checkpoints.
 
 Each object is one JSON document::
 
@@ -94,18 +97,17 @@ def _map_index(value: object) -> int:
 
 
 def validate_state_key(key: object) -> str:
-    """Check a state key and return its encoded object name (``<key>.json``).
+    """Check a state key and return its object name: the key percent-encoded as ONE segment, plus ``.json``.
 
-    A key is 1-200 characters with no ``/`` and no control characters; anything else (spaces, ``:``,
-    Unicode) is allowed and percent-encoded in the object name.
+    Any key Airflow's own backends accept is accepted here too (a team moving from the database or the
+    common-io object-storage backend keeps its keys), as long as it is 1-200 characters without control
+    characters and at most 255 bytes once encoded (a file name on the local store). ``/``, spaces, ``:``,
+    ``%`` and Unicode are percent-encoded, never interpreted: ``connector/offset`` is the single object
+    ``connector%2Foffset.json``, not a folder, and distinct keys always give distinct names (the encoding is
+    injective and the suffix fixed, so ``.`` and ``..`` become the harmless names ``..json`` and ``...json``).
     """
     if not isinstance(key, str) or key == "":
         raise IdentityError(f"state key must be a non-empty string, not {key!r}.")
-    if "/" in key:
-        raise IdentityError(
-            f"state key {key!r} contains '/'; use another separator such as '.' or ':' (a '/' would nest "
-            "the key inside a folder of the store)."
-        )
     _reject_control("state key", key)
     if len(key) > MAX_KEY_CHARS:
         raise IdentityError(
