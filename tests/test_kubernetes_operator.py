@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -29,6 +30,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from maintenance import GcLoop
 
 pytest.importorskip("airflow.providers.cncf.kubernetes", reason="needs the kubernetes extra")
 
@@ -597,6 +599,39 @@ def test_on_kill_deletes_the_pod_with_its_grace_period_and_keeps_the_lease(state
     assert head is not None and head.lease is not None, (
         "the lease stays: the pod's final save must still commit"
     )
+
+
+def test_the_operator_keeps_the_lease_alive_while_its_pod_computes_for_4x_the_ttl(
+    state_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod here never renews (init mode: it restores, computes, saves once at the end, all one-shot):
+    the operator's own session keeps the lease alive while GC runs, so the pod's late save lands."""
+    monkeypatch.setenv("AIRFLOW__STATEFUL__LEASE_TTL", "1.5")
+    monkeypatch.setenv("AIRFLOW__STATEFUL__LEASE_GRACE", "0.5")
+    op = make_op(state_mode="init", client_image="example/stateful-client:1")
+    api = PodApi(op, lambda pod: "Running")
+    work = tmp_path / "pod-state"
+
+    def compute_then_save(pod: k8s.V1Pod, *args: Any, **kwargs: Any) -> k8s.V1Pod:
+        running = api.read(pod)
+        env = env_of(base(running))
+        assert run_client(env, "restore", str(work)).returncode == 0
+        time.sleep(6)  # 4 x the ttl without any save
+        (work / "model.bin").write_text("trained")
+        saved = run_client(env, "save", str(work))
+        assert saved.returncode == 0, saved.stderr
+        running.status.phase = "Succeeded"
+        return running
+
+    api.manager.await_pod_completion.side_effect = compute_then_save
+    store = store_from_url(state_url)
+    with GcLoop(store, keep_last=1, grace=0.5) as gc:
+        ref = op.execute(make_context())
+    assert len(gc.renewals) >= 3 and gc.deletion_errors() == []
+    assert ref["epoch"] == 1 and ref["seq"] == 1, "the pod's save after 6 s was not fenced"
+    identity = Identity.for_task(dag_id="train", task_id="fit", run_id="manual__1")
+    head = checkpoints_at(state_url, identity).head()
+    assert head is not None and head.lease is None, "released once the pod was over"
 
 
 # -- end to end on a real cluster ---------------------------------------------------------------------------------

@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from maintenance import GcLoop
 from s3_endpoint import S3Endpoint
 
-from airflow_stateful.core import CheckpointStore, Identity, store_from_url
+from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession, store_from_url
 from airflow_stateful.core.lease import Lease
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
@@ -211,3 +212,71 @@ def test_the_client_needs_no_airflow(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# -- a pod computing for longer than the lease ttl ------------------------------------------------------------
+SLOW_JOB = textwrap.dedent(
+    """
+    import pathlib, sys, time
+
+    time.sleep(float(sys.argv[2]))  # one long step, no save in between
+    (pathlib.Path(sys.argv[1]) / "result.txt").write_text("trained")
+    """
+)
+POD_TTL = 1.5
+
+
+def run_slow_pod(
+    pod: dict[str, object], lease: Lease, work: Path, *, every: str
+) -> subprocess.CompletedProcess[str]:
+    tmp: Path = pod["tmp"]  # type: ignore[assignment]
+    (tmp / "slow.py").write_text(SLOW_JOB)
+    env = {**leased_env(pod, lease), "STATEFUL_LEASE_TTL": str(POD_TTL)}
+    command = [sys.executable, "-m", "airflow_stateful.client", "run", "--dir", str(work), "--every", every]
+    return subprocess.run(
+        [*command, "--", sys.executable, str(tmp / "slow.py"), str(work), str(4 * POD_TTL)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_pod_computing_4x_the_ttl_keeps_the_lease_alive_by_itself_while_gc_runs(
+    pod: dict[str, object],
+) -> None:
+    """Nobody else renews here (the operator's worker is gone): the pod's client alone keeps the lease."""
+    checkpoints: CheckpointStore = pod["checkpoints"]  # type: ignore[assignment]
+    tmp: Path = pod["tmp"]  # type: ignore[assignment]
+    lease = CheckpointStore(
+        store=checkpoints.store, identity=checkpoints.identity, lease_ttl=POD_TTL
+    ).acquire(steal=True)
+    with GcLoop(checkpoints.store, keep_last=1, grace=0.5) as gc:
+        result = run_slow_pod(pod, lease, tmp / "work", every="100s")  # saves only when the job ends
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(gc.renewals) >= 3 and gc.deletion_errors() == []
+    latest = checkpoints.latest()
+    assert latest is not None and latest.epoch == lease.epoch, "the pod's final save was not fenced"
+    out = tmp / "restored"
+    checkpoints.restore_files(latest, out)
+    assert (out / "result.txt").read_text() == "trained"
+
+
+def test_the_operator_and_the_pod_renew_the_same_lease_without_fencing_each_other(
+    pod: dict[str, object],
+) -> None:
+    checkpoints: CheckpointStore = pod["checkpoints"]  # type: ignore[assignment]
+    tmp: Path = pod["tmp"]  # type: ignore[assignment]
+    operator_side = CheckpointStore(store=checkpoints.store, identity=checkpoints.identity, lease_ttl=POD_TTL)
+    with WriterSession(
+        checkpoints=operator_side, writer=WriterInfo(task_id="fit"), renew_every=0.3
+    ) as operator_session:
+        epoch = operator_session.lease.epoch
+        result = run_slow_pod(pod, operator_session.lease, tmp / "work", every="0.5s")
+        assert not operator_session.lost, "the pod's renewals and saves never fenced the operator"
+    assert result.returncode == 0, result.stdout + result.stderr
+    head = checkpoints.head()
+    assert head is not None and head.epoch == epoch, "nobody raised the epoch"
+    assert head.lease is None, "the operator released the lease once the pod was over"
+    history = checkpoints.history()
+    assert len(history) >= 3 and all(e.epoch == head.epoch for e in history), "periodic saves all landed"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo
-from airflow_stateful.core.errors import InvalidValueError, StopRequested
+from airflow_stateful.core.errors import FencedError, InvalidValueError, StopRequested
 from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.task_state import TaskState
@@ -93,3 +94,39 @@ def test_a_new_run_of_a_named_identity_keeps_the_value_but_not_the_position(tmp_
     assert run("run-1", ["a", "b", "c"]) == ["a", "b", "c"]
     assert run("run-2", ["d", "e", "f", "g"]) == ["d", "e", "f", "g"]
     assert checkpoints.latest().value == "g"  # type: ignore[union-attr]
+
+
+def test_a_refused_save_leaves_the_value_and_the_checkpoint_as_they_were(tmp_path: Path) -> None:
+    """What the task sees after a failed save is what it saw before: the last committed value and checkpoint."""
+    state, checkpoints = open_state(tmp_path)
+    state.save({"rows": 10})
+    before = state.checkpoint
+    with pytest.raises(InvalidValueError, match="not JSON-serializable"):
+        state.save({"bad": object()})
+    assert state.value == {"rows": 10} and state.checkpoint == before
+    # A newer try takes the lease: this one's save is fenced, and changes nothing either.
+    CheckpointStore(store=checkpoints.store, identity=checkpoints.identity).acquire(steal=True)
+    with pytest.raises(FencedError):
+        state.save({"rows": 20})
+    assert state.value == {"rows": 10} and state.checkpoint == before
+    assert [e.seq for e in checkpoints.history()] == [1]
+
+
+def test_a_zombie_resume_loop_stops_before_its_next_item(tmp_path: Path) -> None:
+    """The heartbeat finds the lease taken over; the loop then stops before doing another item."""
+    checkpoints = CheckpointStore(
+        store=LocalObjectStore(root=tmp_path), identity=Identity.parse("d/t/run=r/map=-1"), lease_ttl=0.6
+    )
+    with WriterSession(checkpoints=checkpoints, writer=WriterInfo(try_number=1)) as session:
+        state = TaskState(session=session, checkpoint_every=100)
+        done = []
+        with pytest.raises(FencedError, match="lost its lease"):
+            for item in state.resume(range(10)):
+                done.append(item)
+                if item == 2:  # the retry starts now and takes the lease; our heartbeat (every 0.2 s) sees it
+                    CheckpointStore(store=checkpoints.store, identity=checkpoints.identity).acquire(
+                        steal=True
+                    )
+                    time.sleep(0.6)
+                    assert state.lease_lost
+        assert done == [0, 1, 2], "no item after the lease was lost"
