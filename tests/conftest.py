@@ -8,6 +8,7 @@ SQLite database (the first ``dag.test()`` in a process is slow; later ones are f
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -97,3 +98,27 @@ def s3_backend(s3_endpoint: S3Endpoint, s3_prefix: str, monkeypatch: pytest.Monk
     monkeypatch.setenv("AIRFLOW__STATEFUL__CONN_ID", "stateful_test_s3")
     monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", f"s3://{s3_endpoint.bucket}/{s3_prefix}")
     yield secret
+
+
+@pytest.fixture
+def library_log() -> Iterator[list[str]]:
+    """The messages the library logs (logger ``airflow_stateful``) while the test runs.
+
+    A handler on the logger itself, not ``caplog``: the CLI, run in-process by its tests, turns off
+    propagation of that logger for good.
+    """
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("airflow_stateful")
+    handler, level = Collect(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -7,7 +7,6 @@ become seconds; nothing here asserts a duration, only what the store and the wri
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
@@ -210,24 +209,6 @@ def flaky(backend: dict[str, Any]) -> Iterator[dict[str, Any]]:
         options = {**endpoint.options(), "endpoint_url": proxy.url}
         with S3ObjectStore(bucket=endpoint.bucket, prefix=backend["prefix"], **options) as through_proxy:
             yield {"store": through_proxy, "down": proxy.down, "up": proxy.up}
-
-
-@pytest.fixture
-def library_log() -> Iterator[list[str]]:
-    """What the library logs while the test runs (its logger may not propagate: the CLI turns that off)."""
-    messages: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.append(record.getMessage())
-
-    logger = logging.getLogger("airflow_stateful")
-    handler = Collect(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
 
 
 def test_renewal_failing_past_the_ttl_fails_the_next_save_before_any_upload(

@@ -12,7 +12,6 @@ of the session parses.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import textwrap
@@ -129,26 +128,6 @@ def _airflow_imported_outside_capfd(airflow_home: Path) -> None:
     """Airflow binds its stdlib log handler to ``sys.stdout`` when first imported; if that happened inside a
     test using ``capfd``, the handler would write to a stream closed after that test. Import it here."""
     import airflow  # noqa: F401
-
-
-@pytest.fixture
-def library_log() -> Iterator[list[str]]:
-    """The messages the library logs (logger ``airflow_stateful``) while the test runs."""
-    messages: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.append(record.getMessage())
-
-    logger = logging.getLogger("airflow_stateful")
-    handler, level = Collect(logging.INFO), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def task_instance(run: Any, task_id: str, map_index: int = -1) -> Any:

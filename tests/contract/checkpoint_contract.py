@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from maintenance import read_tree, tree
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, collect_garbage
 from airflow_stateful.core.errors import (
@@ -32,18 +33,6 @@ MIB = 1024 * 1024
 def make(store: ObjectStore, **kwargs: Any) -> CheckpointStore:
     kwargs.setdefault("identity", IDENTITY)
     return CheckpointStore(store=store, **kwargs)
-
-
-def tree(root: Path, files: dict[str, bytes]) -> Path:
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    return root
-
-
-def read_tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def objects(store: ObjectStore, identity: Identity = IDENTITY) -> set[str]:
