@@ -45,7 +45,8 @@ class StatsListener:
     """An :mod:`airflow_stateful.core.events` listener that reports to Airflow's ``Stats``.
 
     ``Stats`` is imported when the first event arrives, not at import time, so importing this module
-    never loads Airflow's configuration (see FACTS.md: the package must stay lazy).
+    never loads Airflow's configuration: Airflow imports this package while its configuration is still
+    loading, and an eager import there fails every Airflow command with a circular import.
     """
 
     def __eq__(self, other: object) -> bool:
