@@ -324,6 +324,9 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
         super().on_kill()
 
 
+PodStatePlan = PodState
+"""The name of :class:`~airflow_stateful.kubernetes.pods.PodState` before 0.2.0, kept for old imports."""
+
 __all__ = [
     "EPOCH_LABEL",
     "IDENTITY_LABEL",
@@ -332,6 +335,7 @@ __all__ = [
     "SIDECAR_CONTAINER",
     "STATE_VOLUME",
     "PodState",
+    "PodStatePlan",
     "StatefulKubernetesPodOperator",
     "choose_pods",
     "identity_label",
