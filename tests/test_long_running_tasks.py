@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,14 +82,46 @@ dag_object = the_dag()
 """
 
 
+class CliGcLoop:
+    """``airflow-stateful gc --min-age 0 --keep-last 1`` run again and again, as the issue's reproduction does
+    with cron (each run is a new process configured by the same ``AIRFLOW__STATEFUL__*`` environment)."""
+
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        command = [
+            str(Path(sys.executable).parent / "airflow-stateful"),
+            "gc",
+            "--min-age",
+            "0s",
+            "--keep-last",
+            "1",
+        ]
+        while not self.stop.is_set():
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=dict(os.environ))
+            self.codes.append(done.returncode)
+
+    def __enter__(self) -> CliGcLoop:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=180)
+
+
 def test_a_task_computing_4x_the_ttl_between_saves_succeeds_on_its_first_try_while_gc_runs(
     store: ObjectStore, dags_folder: Path, tmp_path: Path
 ) -> None:
     work = tmp_path / "work"
     body = LONG_EPOCH.replace("__WORK__", repr(str(work))).replace("__COMPUTE__", str(4 * TTL))
     dag_file = write_dag(dags_folder, tmp_path, body)
-    with GcLoop(store, keep_last=1, grace=1) as gc:
+    with GcLoop(store, keep_last=1, grace=1) as gc, CliGcLoop() as cli_gc:
         _, run = run_dag(dag_file)
+    assert cli_gc.codes and set(cli_gc.codes) == {0}, "the CLI's GC ran beside the task, and succeeded"
     assert run.state == "success"
     assert ledger_by_try(dag_file.ledger) == {1: [0, 1, 2, 3]}, "one try, never fenced, never retried"
     assert task_instance(run, "train").try_number == 1
