@@ -280,3 +280,48 @@ def test_the_operator_and_the_pod_renew_the_same_lease_without_fencing_each_othe
     assert head.lease is None, "the operator released the lease once the pod was over"
     history = checkpoints.history()
     assert len(history) >= 3 and all(e.epoch == head.epoch for e in history), "periodic saves all landed"
+
+
+def test_the_sidecar_renews_saves_periodically_and_once_more_on_sigterm(pod: dict[str, object]) -> None:
+    """``client sidecar``: what the native sidecar of an unchangeable image runs beside the job."""
+    checkpoints: CheckpointStore = pod["checkpoints"]  # type: ignore[assignment]
+    tmp: Path = pod["tmp"]  # type: ignore[assignment]
+    lease = CheckpointStore(
+        store=checkpoints.store, identity=checkpoints.identity, lease_ttl=POD_TTL
+    ).acquire(steal=True)
+    work = tmp / "shared"
+    work.mkdir()
+    (work / "progress.txt").write_text("0")
+    env = {**leased_env(pod, lease), "STATEFUL_LEASE_TTL": str(POD_TTL)}
+    command = [
+        sys.executable,
+        "-m",
+        "airflow_stateful.client",
+        "sidecar",
+        "--dir",
+        str(work),
+        "--every",
+        "1s",
+    ]
+    sidecar = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: len(checkpoints.history()) >= 2)  # periodic saves
+        time.sleep(3 * POD_TTL)  # longer than the ttl: the sidecar's heartbeat keeps the lease
+        (work / "progress.txt").write_text("final")  # the job's last words, then the kubelet stops the pod
+        sidecar.send_signal(signal.SIGTERM)
+        out, _ = sidecar.communicate(timeout=60)
+    finally:
+        if sidecar.poll() is None:
+            sidecar.kill()
+    assert sidecar.returncode == 0, out
+    latest = checkpoints.latest()
+    assert latest is not None and latest.epoch == lease.epoch
+    restored = tmp / "restored"
+    checkpoints.restore_files(latest, restored)
+    assert (restored / "progress.txt").read_text() == "final", (
+        "the final save on SIGTERM holds the last state"
+    )
+    head = checkpoints.head()
+    assert head is not None and head.lease is not None and head.lease.token == lease.token, (
+        "the sidecar renews but never releases the operator's lease"
+    )
