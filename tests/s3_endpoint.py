@@ -1,6 +1,10 @@
 """The S3 endpoint every S3 test talks to, over HTTP with the real boto3 client.
 
-Default: moto's server, started on 127.0.0.1 in a subprocess for the pytest session.
+Default: moto's server, started on 127.0.0.1 in a subprocess for the pytest session, serving one request
+at a time so that its conditional writes are atomic as on S3 and the compare-and-swap races run on it
+(tests/test_moto_atomicity.py shows moto's own threaded server losing updates; serializing it costs about
+2 s on the S3 contract suite). ``STATEFUL_TEST_MOTO_THREADED=1`` starts moto threaded instead; the races then
+skip.
 ``STATEFUL_TEST_S3_ENDPOINT=<url>`` (or ``aws``) points the same tests at MinIO or AWS instead, with
 ``STATEFUL_TEST_S3_ACCESS_KEY_ID`` / ``STATEFUL_TEST_S3_SECRET_ACCESS_KEY`` (else boto3's standard chain),
 ``STATEFUL_TEST_S3_REGION`` (default us-east-1) and ``STATEFUL_TEST_S3_BUCKET`` (an existing bucket; default:
@@ -30,11 +34,14 @@ class S3Endpoint:
     region: str
     bucket: str
     credentials: dict[str, str] = field(default_factory=dict)
+    #: moto only: whether it serves one request at a time (``MotoServer.start(serialized=True)``).
+    serialized: bool = False
 
     @property
     def atomic_cas(self) -> bool:
-        """moto checks If-Match without a lock (see FACTS.md), so true CAS races only run elsewhere."""
-        return self.kind != "moto"
+        """Threaded moto checks If-Match without a lock, so two concurrent writers can both win a CAS: the
+        race tests skip there. Serialized moto, MinIO and S3 make conditional writes atomic."""
+        return self.kind != "moto" or self.serialized
 
     def options(self) -> dict[str, Any]:
         return {"endpoint_url": self.endpoint_url, "region_name": self.region, **self.credentials}
@@ -45,7 +52,8 @@ class S3Endpoint:
             endpoint_url=self.endpoint_url,
             region_name=self.region,
             config=Config(s3={"addressing_style": "path"} if self.endpoint_url else {}),
-            **self.credentials,
+            aws_access_key_id=self.credentials.get("aws_access_key_id"),
+            aws_secret_access_key=self.credentials.get("aws_secret_access_key"),
         )
 
     def store(self, prefix: str, **kwargs: Any) -> S3ObjectStore:
@@ -112,7 +120,8 @@ def s3_endpoint_from_env() -> Iterator[S3Endpoint]:
             url, creds = stack.enter_context(_minio())
             endpoint = S3Endpoint(kind="minio", endpoint_url=url, region=region, bucket="", credentials=creds)
         else:
-            server = stack.enter_context(MotoServer.start())
+            serialized = os.environ.get("STATEFUL_TEST_MOTO_THREADED") != "1"
+            server = stack.enter_context(MotoServer.start(serialized=serialized))
             endpoint = S3Endpoint(
                 kind="moto",
                 endpoint_url=server.endpoint_url,
@@ -122,6 +131,7 @@ def s3_endpoint_from_env() -> Iterator[S3Endpoint]:
                     "aws_access_key_id": DUMMY_ACCESS_KEY,
                     "aws_secret_access_key": DUMMY_SECRET_KEY,
                 },
+                serialized=serialized,
             )
         created = False
         if not endpoint.bucket:

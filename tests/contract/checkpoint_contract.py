@@ -258,7 +258,8 @@ class CheckpointStoreContract:
         """Writers keep stealing the lease from each other and committing; every visible commit is fenced right."""
         if not self.atomic_cas:
             pytest.skip(
-                "moto's server checks If-Match without a lock (FACTS.md); raced on local and real S3 only"
+                "threaded moto (STATEFUL_TEST_MOTO_THREADED=1) checks If-Match without a lock; "
+                "the default serialized moto, local and real S3 run this race"
             )
         cs_keep = make(store, keep_last=1000)
         outcomes: list[tuple[str, int]] = []

@@ -28,7 +28,7 @@ def write_random(path: Path, size: int) -> str:
 
 
 class ObjectStoreContract:
-    #: whether concurrent compare-and-swap is truly atomic on this store (not on moto).
+    #: whether concurrent compare-and-swap is truly atomic on this store (not on threaded moto).
     atomic_cas = True
 
     def test_get_missing_raises_not_found(self, store: ObjectStore) -> None:
@@ -65,7 +65,8 @@ class ObjectStoreContract:
     def test_concurrent_cas_has_exactly_one_winner(self, store: ObjectStore) -> None:
         if not self.atomic_cas:
             pytest.skip(
-                "moto's server checks If-Match without a lock (FACTS.md); raced on local and real S3 only"
+                "threaded moto (STATEFUL_TEST_MOTO_THREADED=1) checks If-Match without a lock; "
+                "the default serialized moto, local and real S3 run this race"
             )
         for round_ in range(5):
             key = f"race/{round_}"
