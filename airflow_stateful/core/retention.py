@@ -20,6 +20,11 @@ from airflow_stateful.core.records import DATA_DIR, MANIFEST_DIR, CheckpointEntr
 from airflow_stateful.core.stores.base import ObjectInfo
 
 
+STAMP_RESOLUTION = timedelta(seconds=1)
+"""How coarse a store's last-modified stamps may be: S3 (and moto) stamp objects to the whole second, so an
+object written 0.9 s after an acquisition can carry a stamp 0.1 s *before* it."""
+
+
 class RetentionPolicy(Protocol):
     def split(
         self, entries: Sequence[CheckpointEntry]
@@ -89,9 +94,10 @@ class CrashGarbage:
     A lease holder only ever references objects it uploaded itself (all written after it took the lease) and
     data its newest checkpoint already references. So every unreferenced object written before the holder's
     acquisition is garbage forever, while the holder's own uploads are protected for as long as its lease
-    stands: ``last_modified >= acquired_at - grace`` (``grace`` absorbs clock skew between the holder, which
-    stamps ``acquired_at``, and the store, which stamps ``last_modified``). Only once the lease is broken (dead
-    past ttl + grace, see :mod:`airflow_stateful.core.lease`) are those uploads garbage too.
+    stands: ``last_modified >= acquired_at - grace - 1 s`` (``grace`` absorbs clock skew between the holder,
+    which stamps ``acquired_at``, and the store, which stamps ``last_modified``; the second absorbs the store's
+    :data:`STAMP_RESOLUTION`). Only once the lease is broken (dead past ttl + grace, see
+    :mod:`airflow_stateful.core.lease`) are those uploads garbage too.
 
     :param min_age: leave younger objects alone whatever the lease (an extra margin; 0 disables it).
     :param grace: the lease grace, in seconds.
@@ -104,8 +110,8 @@ class CrashGarbage:
         """Objects modified at or after this may belong to the lease holder's commit (``None``: no lease)."""
         if head is None or head.lease is None:
             return None
-        acquired = parse_iso(head.lease.acquired_at) - self.grace
-        return datetime.fromtimestamp(acquired, tz=timezone.utc)
+        acquired = datetime.fromtimestamp(parse_iso(head.lease.acquired_at), tz=timezone.utc)
+        return acquired - timedelta(seconds=self.grace) - STAMP_RESOLUTION
 
     def split(
         self,
