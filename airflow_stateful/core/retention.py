@@ -19,7 +19,6 @@ from airflow_stateful.core import config
 from airflow_stateful.core.records import DATA_DIR, MANIFEST_DIR, CheckpointEntry, HeadRecord, parse_iso
 from airflow_stateful.core.stores.base import ObjectInfo
 
-
 STAMP_RESOLUTION = timedelta(seconds=1)
 """How coarse a store's last-modified stamps may be: S3 (and moto) stamp objects to the whole second, so an
 object written 0.9 s after an acquisition can carry a stamp 0.1 s *before* it."""

@@ -202,7 +202,8 @@ class WriterSession:
             must still save after its operator was stopped; default: ``release_on_close``.
         """
         self._stop_heartbeat()
-        lease, self._lease = self._lease, None
+        with self._state_lock:
+            lease, self._lease = self._lease, None
         self._ended = lease or self._ended
         if lease is None or not (self._release_on_close if release is None else release):
             return
@@ -380,7 +381,7 @@ class WriterSession:
                 return
             sent = time.monotonic()
             try:
-                self._lease = self.checkpoints.renew(lease)
+                renewed = self.checkpoints.renew(lease)
             except FencedError as exc:
                 if not self._stop.is_set():  # not a release or purge that overtook this renewal
                     self._mark_lost(str(exc))
@@ -400,5 +401,9 @@ class WriterSession:
                     left,
                 )
                 continue
+            with self._state_lock:
+                if self._stop.is_set():
+                    return  # closed meanwhile (a renewal slower than the join): do not reopen the session
+                self._lease = renewed
             self._confirmed(sent)
             wait = self.renew_every * random.uniform(0.8, 1.0)
