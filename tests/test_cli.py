@@ -95,6 +95,12 @@ def test_show_history_and_cat(
     code, out, _ = cli(capsys, backend, "show", WATERMARK.key, "--json")
     info = json.loads(out)
     assert code == 0 and info["latest"]["value"] == {"watermark": "2026-11-03"} and info["kept"] == [3, 2, 1]
+    code, out, _ = cli(capsys, backend, "show", BATCH.key, "--json")
+    lease = json.loads(out)["lease"]
+    held: CheckpointStore = seeded["batch"]  # type: ignore[assignment]
+    head = held.head()
+    assert head is not None and head.lease is not None
+    assert lease["renewed_at"] == head.lease.last_renewed, "when the holder last renewed (its heartbeat)"
     code, out, _ = cli(capsys, backend, "history", BATCH.key, "--json")
     assert [r["seq"] for r in json.loads(out)] == [1]
     code, out, _ = cli(capsys, backend, "cat", WATERMARK.key, "--seq", "1", "--files", str(tmp_path / "out"))

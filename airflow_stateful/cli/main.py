@@ -113,6 +113,7 @@ def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
             "holder": lease.holder.to_json(),
             "epoch": lease.epoch,
             "acquired_at": lease.acquired_at,
+            "renewed_at": lease.last_renewed,
             "expires_at": lease.expires_at,
         },
         "kept": [e.seq for e in reversed(head.checkpoints)],
