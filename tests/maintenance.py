@@ -140,9 +140,9 @@ class OutageStore(ObjectStore):
         if self.down.is_set():
             raise StoreError(f"cannot reach {self.url}: ConnectionError: the store is unreachable (injected)")
 
-    def get(self, key: str) -> Blob:
+    def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
         self._check()
-        return self.inner.get(key)
+        return self.inner.get(key, max_bytes=max_bytes)
 
     def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
         self._check()

@@ -339,8 +339,8 @@ class RewriteBeforeDelete(ObjectStore):
         self.url = inner.url
         self.before_delete = before_delete
 
-    def get(self, key: str) -> Blob:
-        return self.inner.get(key)
+    def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
+        return self.inner.get(key, max_bytes=max_bytes)
 
     def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
         return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)

@@ -52,6 +52,10 @@ class CheckpointCorruptError(StatefulError):
     """A stored object does not match the size or SHA-256 recorded for it."""
 
 
+class ObjectTooLargeError(CheckpointCorruptError):
+    """A record read from storage is larger than a record of its kind may be; it is not read, let alone parsed."""
+
+
 class CheckpointNotFoundError(StatefulError, LookupError):
     """The requested checkpoint is not (or no longer) in the identity's history."""
 

@@ -39,8 +39,8 @@ class CrashingStore(ObjectStore):
             raise SimulatedCrash(f"crash after call {index} ({name})")
         return result
 
-    def get(self, key: str) -> Blob:
-        return self._call("get", self.inner.get, key)
+    def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
+        return self._call("get", self.inner.get, key, max_bytes=max_bytes)
 
     def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
         return self._call("put", self.inner.put, key, data, if_none_match=if_none_match, if_match=if_match)

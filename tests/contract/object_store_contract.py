@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_stateful.core.errors import CheckpointCorruptError, ObjectNotFoundError, PreconditionFailedError
+from airflow_stateful.core.errors import (
+    CheckpointCorruptError,
+    ObjectNotFoundError,
+    ObjectTooLargeError,
+    PreconditionFailedError,
+)
 from airflow_stateful.core.stores.base import ObjectStore
 
 MIB = 1024 * 1024
@@ -34,6 +39,16 @@ class ObjectStoreContract:
     def test_get_missing_raises_not_found(self, store: ObjectStore) -> None:
         with pytest.raises(ObjectNotFoundError, match="nothing-here"):
             store.get("a/nothing-here")
+
+    def test_get_with_a_size_cap_refuses_a_larger_object_by_name(self, store: ObjectStore) -> None:
+        store.put("a/record.json", b"x" * 1000)
+        assert store.get("a/record.json", max_bytes=1000).data == b"x" * 1000
+        with pytest.raises(
+            ObjectTooLargeError, match=r"'a/record.json'.* 1000 bytes, more than the 999 bytes"
+        ):
+            store.get("a/record.json", max_bytes=999)
+        with pytest.raises(ObjectNotFoundError):
+            store.get("a/absent.json", max_bytes=10)
 
     def test_put_get_round_trip_and_etag_changes(self, store: ObjectStore) -> None:
         etag1 = store.put("a/b.json", b"one")

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from airflow_stateful.core.errors import ObjectTooLargeError
+
 ProgressCallback = Callable[[int], None]
 """Called with the number of bytes moved since the previous call."""
 
@@ -50,6 +52,14 @@ class StoredFile:
     sha256: str
 
 
+def too_large(key: str, where: str, size: int, max_bytes: int) -> ObjectTooLargeError:
+    return ObjectTooLargeError(
+        f"object {key!r} in {where} is {size} bytes, more than the {max_bytes} bytes a record of its kind may "
+        "have; it was not read. It was altered or written by something else: inspect it before writing to "
+        "this identity again."
+    )
+
+
 class ObjectStore(abc.ABC):
     """Byte storage with conditional writes. Implementations must be safe to share between threads."""
 
@@ -57,8 +67,12 @@ class ObjectStore(abc.ABC):
     url: str
 
     @abc.abstractmethod
-    def get(self, key: str) -> Blob:
-        """Read a small object whole. Raises ObjectNotFoundError when it does not exist."""
+    def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
+        """Read a small object whole. Raises ObjectNotFoundError when it does not exist.
+
+        ``max_bytes`` caps what is read: a larger object raises ObjectTooLargeError (see :func:`too_large`)
+        before its body is read, so a crafted record cannot make every reader allocate and parse megabytes.
+        """
 
     @abc.abstractmethod
     def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:

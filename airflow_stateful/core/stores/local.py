@@ -37,6 +37,7 @@ from airflow_stateful.core.stores.base import (
     ObjectStore,
     ProgressCallback,
     StoredFile,
+    too_large,
 )
 from airflow_stateful.core.stores.verify import copy_verified
 
@@ -120,10 +121,19 @@ class LocalObjectStore(ObjectStore):
             _fsync_dir(dest.parent)
 
     # -- interface -----------------------------------------------------------------------------------------
-    def get(self, key: str) -> Blob:
+    def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
         try:
-            data = self._path(key).read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
+            with open(self._path(key), "rb") as fh:
+                if max_bytes is None:
+                    data = fh.read()
+                else:
+                    size = os.fstat(fh.fileno()).st_size
+                    if size > max_bytes:
+                        raise too_large(key, self.url, size, max_bytes)
+                    data = fh.read(max_bytes + 1)
+                    if len(data) > max_bytes:  # grew since the stat: still too large
+                        raise too_large(key, self.url, len(data), max_bytes)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise ObjectNotFoundError(f"object {key!r} does not exist in {self.url}") from None
         return Blob(data=data, etag=_etag(data))
 

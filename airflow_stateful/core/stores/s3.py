@@ -36,6 +36,7 @@ from airflow_stateful.core.stores.base import (
     ObjectStore,
     ProgressCallback,
     StoredFile,
+    too_large,
 )
 from airflow_stateful.core.stores.verify import VerifiedFileWriter, copy_verified
 
@@ -170,10 +171,23 @@ class S3ObjectStore(ObjectStore):
         return StoreError(f"S3 request on {where} failed: {code}: {exc}")
 
     # -- interface -----------------------------------------------------------------------------------------
-    def get(self, key: str) -> Blob:
+    def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-            data = response["Body"].read()
+            body = response["Body"]
+            if max_bytes is None:
+                data = body.read()
+            else:
+                size = int(response.get("ContentLength", 0))
+                if size > max_bytes:
+                    body.close()  # the body is never read
+                    raise too_large(key, self.url, size, max_bytes)
+                data = body.read(max_bytes + 1)
+                if len(data) > max_bytes:
+                    body.close()
+                    raise too_large(key, self.url, len(data), max_bytes)
+        except StatefulError:
+            raise
         except Exception as exc:
             raise self._translate(exc, key) from exc
         return Blob(data=data, etag=response["ETag"])
