@@ -269,6 +269,7 @@ class S3StateStoreBackend(BaseStoreBackend):
             raise InvalidValueError(
                 f"the value of state key {key!r} is not JSON-serialisable: {exc}"
             ) from None
+        check_json_text(text, key=key)  # the size limit, before anything is written
 
         def put(current: StateDocument | None) -> StateDocument:
             # Airflow does not pass the expiry to this side: keep it open until the server (if it runs this

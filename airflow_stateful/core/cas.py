@@ -71,6 +71,7 @@ def compare_and_swap(
     start: tuple[T | None, str | None] | None = None,
     backoff: Backoff = DEFAULT_BACKOFF,
     what: str = "object",
+    max_bytes: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[T | None, str | None]:
     """Apply ``decide`` to the current content of ``key`` and store the result atomically.
@@ -86,6 +87,7 @@ def compare_and_swap(
         the write is conditional: a stale guess costs one lost attempt. A refusal (``decide`` raising a
         :class:`StatefulError`) on this guess is re-judged on a fresh read, so an error never describes
         out-of-date content.
+    :param max_bytes: the most a stored record of this kind may hold; a larger one is refused unread.
     :returns: ``(content, etag)`` as stored afterwards (the decided content, or the unchanged current one).
     :raises StoreError: when other writers kept winning for ``backoff.attempts`` attempts.
     """
@@ -98,7 +100,7 @@ def compare_and_swap(
             guess = None
         else:
             try:
-                blob = store.get(key)
+                blob = store.get(key, max_bytes=max_bytes)
             except ObjectNotFoundError:
                 current, etag = None, None
             else:

@@ -59,6 +59,7 @@ from airflow_stateful.core.records import (
     Manifest,
     WriterInfo,
     data_commit_of,
+    manifest_key,
     sha256_hex,
     utcnow_iso,
 )
@@ -253,12 +254,12 @@ class CheckpointStore:
         body = manifest.to_bytes()
         if check is not None:
             check()
-        manifest_key = f"{self.identity.key}/{MANIFEST_DIR}/{seq:012d}-{commit_id}.json"
-        self.store.put(manifest_key, body, if_none_match=True)
+        key = manifest_key(self.identity.key, seq, commit_id)
+        self.store.put(key, body, if_none_match=True)
         entry = CheckpointEntry(
             seq=seq,
             commit_id=commit_id,
-            manifest=manifest_key,
+            manifest=key,
             manifest_sha256=sha256_hex(body),
             manifest_size=len(body),
             created_at=manifest.created_at,
@@ -447,7 +448,7 @@ class CheckpointStore:
         )
 
     def _read_manifest(self, entry: CheckpointEntry) -> Manifest:
-        blob = self.store.get(entry.manifest)
+        blob = self.store.get(entry.manifest, max_bytes=entry.manifest_size)
         got = sha256_hex(blob.data)
         if got != entry.manifest_sha256 or len(blob.data) != entry.manifest_size:
             raise CheckpointCorruptError(
@@ -481,9 +482,9 @@ class CheckpointStore:
                 total_bytes=total,
                 logger=log,
             )
-        manifest_key = f"{self.identity.key}/{MANIFEST_DIR}/{manifest.seq:012d}-{manifest.commit_id}.json"
+        where = manifest_key(self.identity.key, manifest.seq, manifest.commit_id)
         try:
-            rels = [safe_relative(f.path, manifest_key=manifest_key) for f in manifest.files]
+            rels = [safe_relative(f.path, manifest_key=where) for f in manifest.files]
             for rel, entry in zip(rels, manifest.files, strict=True):
                 try:
                     self.store.download_file(

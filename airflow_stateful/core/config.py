@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from airflow_stateful.core.durations import parse_duration
 from airflow_stateful.core.errors import ConfigurationError
+from airflow_stateful.core.records import MAX_KEPT
 
 SECTION = "stateful"
 
@@ -32,14 +33,16 @@ RENEW_FRACTION = 1 / 3
 """A writer renews its lease every ``lease_ttl * RENEW_FRACTION`` seconds (with jitter)."""
 
 
-def parse_int(raw: str, *, what: str, minimum: int) -> int:
-    """An integer option's text, at least ``minimum``; ConfigurationError naming ``what`` otherwise."""
+def parse_int(raw: str, *, what: str, minimum: int, maximum: int | None = None) -> int:
+    """An integer option's text, within bounds; ConfigurationError naming ``what`` otherwise."""
     try:
         value = int(raw)
     except ValueError:
         raise ConfigurationError(f"{what} must be an integer, not {raw!r}") from None
     if value < minimum:
         raise ConfigurationError(f"{what} must be >= {minimum}, not {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigurationError(f"{what} must be <= {maximum}, not {value}")
     return value
 
 
@@ -82,9 +85,11 @@ class StatefulSettings:
                 raise ConfigurationError(f"{source(option)} must be at least {minimum:g} s, not {raw!r}")
             return value
 
-        def integer(option: str, default: int, *, minimum: int) -> int:
+        def integer(option: str, default: int, *, minimum: int, maximum: int) -> int:
             raw = text(option)
-            return default if raw is None else parse_int(raw, what=source(option), minimum=minimum)
+            if raw is None:
+                return default
+            return parse_int(raw, what=source(option), minimum=minimum, maximum=maximum)
 
         return cls(
             backend_url=text("backend_url") or default_backend_url,
@@ -92,5 +97,5 @@ class StatefulSettings:
             conn_id=(get("conn_id") or "").strip() if get("conn_id") is not None else CONN_ID,
             lease_ttl=seconds("lease_ttl", LEASE_TTL, minimum=1),
             lease_grace=seconds("lease_grace", LEASE_GRACE, minimum=0),
-            keep_last=integer("keep_last", KEEP_LAST, minimum=1),
+            keep_last=integer("keep_last", KEEP_LAST, minimum=1, maximum=MAX_KEPT),
         )

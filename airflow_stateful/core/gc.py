@@ -57,7 +57,7 @@ from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import Lease, check_holder
 from airflow_stateful.core.records import DATA_DIR, HEAD_NAME, MANIFEST_DIR, HeadRecord, WriterInfo
 from airflow_stateful.core.retention import CrashGarbage, IdleFor, KeepLast, referenced
-from airflow_stateful.core.state_documents import StateDocument, collect_expired
+from airflow_stateful.core.state_documents import MAX_DOCUMENT_BYTES, StateDocument, collect_expired
 from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
 
 log = logging.getLogger("airflow_stateful")
@@ -421,7 +421,7 @@ def _delete_expired(store: ObjectStore, keys: list[str], now: float) -> list[str
     deleted = []
     for key in keys:
         try:
-            blob = store.get(key)
+            blob = store.get(key, max_bytes=MAX_DOCUMENT_BYTES)
             doc = StateDocument.from_bytes(blob.data, where=f"{key!r} in {store.url}")
         except (ObjectNotFoundError, CheckpointCorruptError, FormatVersionError):
             continue

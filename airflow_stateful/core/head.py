@@ -14,7 +14,7 @@ from collections.abc import Callable
 from airflow_stateful.core.cas import DEFAULT_BACKOFF, Backoff, compare_and_swap
 from airflow_stateful.core.errors import ObjectNotFoundError
 from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import HEAD_NAME, HeadRecord, utcnow_iso
+from airflow_stateful.core.records import HEAD_NAME, MAX_HEAD_BYTES, HeadRecord, utcnow_iso
 from airflow_stateful.core.stores.base import ObjectStore
 
 
@@ -48,7 +48,7 @@ class HeadStore:
         """The current head and its ETag, or ``(None, None)`` when the identity has never been used."""
         with self._lock:
             try:
-                blob = self.store.get(self.key)
+                blob = self.store.get(self.key, max_bytes=MAX_HEAD_BYTES)
             except ObjectNotFoundError:
                 self._cached = None
                 return None, None
@@ -91,6 +91,7 @@ class HeadStore:
                     start=start,
                     backoff=self.backoff,
                     what="head record",
+                    max_bytes=MAX_HEAD_BYTES,
                 )
             except BaseException:
                 self._cached = None

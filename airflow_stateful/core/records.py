@@ -13,14 +13,29 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from airflow_stateful.core.errors import CheckpointCorruptError, FormatVersionError
+from airflow_stateful.core.fields import Fields
 
 FORMAT_VERSION = 1
+
+MAX_HEAD_BYTES = 2 * 1024 * 1024
+"""A head record larger than this is refused unread (a thousand kept checkpoints take about 1.2 MiB)."""
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+"""Largest manifest a head may point at; a reader also never reads more than the size the head recorded."""
+MAX_KEPT = 1000
+"""Most checkpoints one head may list (``keep_last`` is capped at this)."""
+MAX_FILES = 1_000_000
+"""Most files one checkpoint may hold."""
+MAX_PATH = 4096
+"""Longest relative file path inside a checkpoint (PATH_MAX)."""
+
+_CODEC = re.compile(r"^[a-z][a-z0-9_-]{0,15}$")
 
 HEAD_NAME = "~head.json"
 MANIFEST_DIR = "~manifests"
@@ -55,7 +70,7 @@ def sha256_hex(data: bytes) -> str:
 
 def _check_format(record: dict[str, Any], *, what: str) -> None:
     fmt = record.get("format")
-    if not isinstance(fmt, int):
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
         raise CheckpointCorruptError(
             f"{what} has no valid 'format' field; it was not written by this library."
         )
@@ -96,9 +111,20 @@ class WriterInfo:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> WriterInfo:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in (data or {}).items() if k in names})
+    def from_json(cls, data: dict[str, Any] | None, *, what: str = "writer") -> WriterInfo:
+        """Known fields only, each typed (unknown ones, from a newer writer, are ignored)."""
+        f = Fields(data or {}, what=what)
+        return cls(
+            dag_id=f.optional_text("dag_id", max_len=250),
+            task_id=f.optional_text("task_id", max_len=250),
+            run_id=f.optional_text("run_id", max_len=250),
+            map_index=f.optional_integer("map_index", minimum=-1),
+            try_number=f.optional_integer("try_number"),
+            dag_version_id=f.optional_text("dag_version_id", max_len=64),
+            host=f.optional_text("host", max_len=255),
+            pod=f.optional_text("pod", max_len=253),
+            pid=f.optional_integer("pid"),
+        )
 
     def describe(self) -> str:
         parts = []
@@ -154,14 +180,15 @@ class LeaseRecord:
         return body
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LeaseRecord:
+    def from_json(cls, data: Any, *, what: str = "lease") -> LeaseRecord:
+        f = Fields(data, what=what)
         return cls(
-            token=data["token"],
-            epoch=int(data["epoch"]),
-            holder=WriterInfo.from_json(data.get("holder")),
-            acquired_at=data["acquired_at"],
-            expires_at=data["expires_at"],
-            renewed_at=data.get("renewed_at") or "",
+            token=f.token("token"),
+            epoch=f.integer("epoch", minimum=1),
+            holder=WriterInfo.from_json(f.optional_mapping("holder"), what=f"{what} holder"),
+            acquired_at=f.time("acquired_at"),
+            expires_at=f.time("expires_at"),
+            renewed_at=f.optional_time("renewed_at") or "",
         )
 
 
@@ -189,10 +216,30 @@ class CheckpointEntry:
         return body
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CheckpointEntry:
-        body = {f.name: data[f.name] for f in fields(cls) if f.name != "data_refs"}
-        refs = data.get("data_refs", [data["commit_id"]] if data["file_count"] else [])
-        return cls(**body, data_refs=tuple(refs))
+    def from_json(cls, data: Any, *, identity: str, what: str = "checkpoint entry") -> CheckpointEntry:
+        """Typed, and bound to ``identity``: the manifest key is exactly the one this entry's seq and commit id
+        name inside that identity, so a crafted head cannot point a reader at another identity's objects."""
+        f = Fields(data, what=what)
+        seq, commit_id = f.integer("seq", minimum=1), f.hex32("commit_id")
+        file_count = f.integer("file_count", maximum=MAX_FILES)
+        f.equal("manifest", manifest_key(identity, seq, commit_id))
+        default_refs = [commit_id] if file_count else []
+        refs = f.items("data_refs", max_items=MAX_KEPT + 1, default=default_refs)
+        for ref in refs:
+            Fields({"data_refs": ref}, what=what).hex32("data_refs")
+        return cls(
+            seq=seq,
+            commit_id=commit_id,
+            manifest=manifest_key(identity, seq, commit_id),
+            manifest_sha256=f.sha256("manifest_sha256"),
+            manifest_size=f.integer("manifest_size", maximum=MAX_MANIFEST_BYTES),
+            created_at=f.time("created_at"),
+            schema_version=f.integer("schema_version", minimum=1),
+            epoch=f.integer("epoch"),
+            total_size=f.integer("total_size"),
+            file_count=file_count,
+            data_refs=tuple(refs),
+        )
 
 
 @dataclass(frozen=True)
@@ -230,34 +277,57 @@ class HeadRecord:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, key: str) -> HeadRecord:
+        """Parse and check a head read from ``key`` (``<identity>/~head.json``): JSON, format, checksum, then
+        every field typed and bounded. Anything else raises CheckpointCorruptError naming the key."""
         what = f"head record {key!r}"
+        if len(data) > MAX_HEAD_BYTES:
+            raise CheckpointCorruptError(
+                f"{what} is {len(data)} bytes, more than the {MAX_HEAD_BYTES} allowed"
+            )
         try:
             body = json.loads(data)
             if not isinstance(body, dict):
                 raise TypeError("not an object")
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:
             raise CheckpointCorruptError(
                 f"{what} is not valid JSON ({exc}); the identity's state is unreadable."
             ) from exc
         _check_format(body, what=what)
         checksum = body.pop("checksum", None)
-        if checksum != sha256_hex(canonical_json(body)):
+        try:
+            intact = checksum == sha256_hex(canonical_json(body))
+        except ValueError:  # NaN or Infinity: not JSON this library writes
+            intact = False
+        if not intact:
             raise CheckpointCorruptError(
                 f"{what} does not match its checksum; it was altered or damaged. "
                 "Do not write to this identity until it is inspected (`airflow-stateful show`)."
             )
-        try:
-            return cls(
-                identity=body["identity"],
-                epoch=int(body["epoch"]),
-                next_seq=int(body["next_seq"]),
-                lease=LeaseRecord.from_json(body["lease"]) if body.get("lease") else None,
-                checkpoints=tuple(CheckpointEntry.from_json(c) for c in body.get("checkpoints", [])),
-                updated_at=body.get("updated_at", ""),
-                format=body["format"],
+        identity = key[: -len(HEAD_NAME) - 1] if key.endswith(f"/{HEAD_NAME}") else key
+        f = Fields(body, what=what)
+        f.equal("identity", identity)
+        lease = f.optional_mapping("lease")
+        entries = f.items("checkpoints", max_items=MAX_KEPT, default=[])
+        head = cls(
+            identity=identity,
+            epoch=f.integer("epoch"),
+            next_seq=f.integer("next_seq", minimum=1),
+            lease=LeaseRecord.from_json(lease, what=f"{what} lease") if lease is not None else None,
+            checkpoints=tuple(
+                CheckpointEntry.from_json(c, identity=identity, what=f"{what} checkpoint {n}")
+                for n, c in enumerate(entries)
+            ),
+            updated_at=f.time("updated_at", default=""),
+            format=f.integer("format", minimum=1),
+        )
+        if head.lease is not None and head.lease.epoch != head.epoch:
+            raise CheckpointCorruptError(
+                f"{what}: the lease's epoch {head.lease.epoch} is not the head's {head.epoch}"
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointCorruptError(f"{what} is missing a field ({exc}).") from exc
+        seqs = [e.seq for e in head.checkpoints]
+        if seqs != sorted(set(seqs)) or (seqs and seqs[-1] >= head.next_seq):
+            raise CheckpointCorruptError(f"{what}: checkpoint numbers {seqs} do not increase below next_seq")
+        return head
 
 
 @dataclass(frozen=True)
@@ -268,6 +338,28 @@ class FileEntry:
     key: str
     size: int
     sha256: str
+
+    @classmethod
+    def from_json(cls, data: Any, *, identity: str, what: str = "file entry") -> FileEntry:
+        """Typed; ``key`` must be a data object of ``identity`` (``<identity>/~data/<commit_id>/<n>``)."""
+        f = Fields(data, what=what)
+        key = f.text("key", max_len=2048)
+        if not re.fullmatch(re.escape(f"{identity}/{DATA_DIR}/") + r"[0-9a-f]{32}/(0|[1-9][0-9]{0,6})", key):
+            raise CheckpointCorruptError(
+                f"{what}: key {key[:200]!r} is not a data object of identity {identity!r}; a checkpoint may only "
+                "name its own identity's data"
+            )
+        return cls(
+            path=f.text("path", max_len=MAX_PATH),
+            key=key,
+            size=f.integer("size"),
+            sha256=f.sha256("sha256"),
+        )
+
+
+def manifest_key(identity: str, seq: int, commit_id: str) -> str:
+    """Where checkpoint ``seq`` (commit ``commit_id``) of ``identity`` keeps its manifest."""
+    return f"{identity}/{MANIFEST_DIR}/{seq:012d}-{commit_id}.json"
 
 
 @dataclass(frozen=True)
@@ -313,27 +405,35 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, key: str) -> Manifest:
+        """Parse a manifest read from ``key`` (``<identity>/~manifests/<seq>-<commit_id>.json``), every field typed;
+        its files must be data objects of its own identity (CheckpointCorruptError naming the key otherwise)."""
         what = f"manifest {key!r}"
         try:
             body = json.loads(data)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise CheckpointCorruptError(f"{what} is not valid JSON ({exc}).") from exc
+        if not isinstance(body, dict):
+            raise CheckpointCorruptError(f"{what} is not a JSON object")
         _check_format(body, what=what)
-        try:
-            return cls(
-                identity=body["identity"],
-                seq=int(body["seq"]),
-                commit_id=body["commit_id"],
-                epoch=int(body["epoch"]),
-                schema_version=int(body["schema_version"]),
-                created_at=body["created_at"],
-                writer=WriterInfo.from_json(body.get("writer")),
-                value=body.get("value"),
-                files=tuple(FileEntry(**f) for f in body.get("files", [])),
-                value_codec=body.get("value_codec", "json"),
-                library_version=body.get("library_version", ""),
-                extra=body.get("extra") or {},
-                format=body["format"],
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointCorruptError(f"{what} is missing a field ({exc}).") from exc
+        identity = key.split(f"/{MANIFEST_DIR}/", 1)[0]
+        f = Fields(body, what=what)
+        f.equal("identity", identity)
+        files = f.items("files", max_items=MAX_FILES, default=[])
+        return cls(
+            identity=identity,
+            seq=f.integer("seq", minimum=1),
+            commit_id=f.hex32("commit_id"),
+            epoch=f.integer("epoch"),
+            schema_version=f.integer("schema_version", minimum=1),
+            created_at=f.time("created_at"),
+            writer=WriterInfo.from_json(f.optional_mapping("writer"), what=f"{what} writer"),
+            value=body.get("value"),
+            files=tuple(
+                FileEntry.from_json(entry, identity=identity, what=f"{what} file {n}")
+                for n, entry in enumerate(files)
+            ),
+            value_codec=f.text("value_codec", max_len=16, default="json", pattern=_CODEC),
+            library_version=f.text("library_version", max_len=64, default=""),
+            extra=f.mapping("extra", default={}),
+            format=f.integer("format", minimum=1),
+        )

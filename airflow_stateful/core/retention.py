@@ -16,7 +16,14 @@ from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 from airflow_stateful.core import config
-from airflow_stateful.core.records import DATA_DIR, MANIFEST_DIR, CheckpointEntry, HeadRecord, parse_iso
+from airflow_stateful.core.records import (
+    DATA_DIR,
+    MANIFEST_DIR,
+    MAX_KEPT,
+    CheckpointEntry,
+    HeadRecord,
+    parse_iso,
+)
 from airflow_stateful.core.stores.base import ObjectInfo
 
 STAMP_RESOLUTION = timedelta(seconds=1)
@@ -39,8 +46,8 @@ class KeepLast:
     n: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"keep_last must be an integer >= 1, not {self.n!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_KEPT:
+            raise ValueError(f"keep_last must be an integer from 1 to {MAX_KEPT}, not {self.n!r}")
 
     def split(
         self, entries: Sequence[CheckpointEntry]

@@ -51,6 +51,7 @@ from airflow_stateful.core.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
 )
+from airflow_stateful.core.fields import Fields
 from airflow_stateful.core.identity import encode_segment
 from airflow_stateful.core.stores.base import ObjectStore
 
@@ -68,6 +69,10 @@ MAX_SEGMENT_BYTES = 255
 MAX_OBJECT_KEY_BYTES = 900
 """Longest object key below the store's root; S3 allows 1024 bytes, the rest is left for the prefix."""
 MAX_CAS_ATTEMPTS = DEFAULT_BACKOFF.attempts
+MAX_VALUE_BYTES = 4 * 1024 * 1024
+"""Longest value (its JSON text, in characters) one key may hold; the task state store is for small state."""
+MAX_DOCUMENT_BYTES = 2 * MAX_VALUE_BYTES
+"""Largest stored document a reader accepts (the value, escaped, plus its metadata); larger is refused unread."""
 
 
 def _reject_control(what: str, value: str) -> None:
@@ -173,6 +178,11 @@ def check_json_text(value: object, *, key: str) -> str:
         raise InvalidValueError(
             f"the value of state key {key!r} must be JSON text, not {type(value).__name__}."
         )
+    if len(value) > MAX_VALUE_BYTES:
+        raise InvalidValueError(
+            f"the value of state key {key!r} is {len(value)} characters of JSON; the limit is {MAX_VALUE_BYTES}. "
+            "Keep large data in a stateful task's checkpoint files instead."
+        )
     try:
         json.loads(value)
     except ValueError:
@@ -208,35 +218,32 @@ class StateDocument:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str) -> StateDocument:
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise CheckpointCorruptError(
+                f"state document {where} is {len(data)} bytes, more than the {MAX_DOCUMENT_BYTES} allowed"
+            )
         try:
             body: Any = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise CheckpointCorruptError(f"state document {where} is not JSON.") from None
-        if not isinstance(body, dict) or not isinstance(body.get("format"), int):
+        fmt = body.get("format") if isinstance(body, dict) else None
+        if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
             raise CheckpointCorruptError(f"state document {where} has no valid 'format' field.")
-        if body["format"] > FORMAT_VERSION:
+        if fmt > FORMAT_VERSION:
             raise FormatVersionError(
-                f"state document {where} uses format {body['format']}, newer than the {FORMAT_VERSION} this "
+                f"state document {where} uses format {fmt}, newer than the {FORMAT_VERSION} this "
                 "version of airflow-provider-stateful reads. Upgrade airflow-provider-stateful here."
             )
-        try:
-            value = body["value"]
-            expires = body.get("expires_at")
-            doc = cls(
-                value=value,
-                expires_at=datetime.fromisoformat(expires) if expires else None,
-                written_at=datetime.fromisoformat(body["written_at"]),
-                version=int(body["version"]),
-                write_id=str(body.get("write_id", "")),
-                by_ref=bool(body.get("by_ref", False)),
-            )
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointCorruptError(
-                f"state document {where} is missing or has malformed fields."
-            ) from None
-        if not isinstance(value, str):
-            raise CheckpointCorruptError(f"state document {where} has a non-text 'value'.")
-        return doc
+        f = Fields(body, what=f"state document {where}")
+        expires = f.optional_time("expires_at")
+        return cls(
+            value=f.text("value", max_len=MAX_VALUE_BYTES),
+            expires_at=datetime.fromisoformat(expires) if expires else None,
+            written_at=datetime.fromisoformat(f.time("written_at")),
+            version=f.integer("version", minimum=1),
+            write_id=f.text("write_id", max_len=64, default=""),
+            by_ref=f.boolean("by_ref"),
+        )
 
 
 Change = Callable[[StateDocument | None], StateDocument | None]
@@ -263,7 +270,7 @@ class KeyValueStore:
     def read(self, key: str) -> StateDocument | None:
         """The document at object ``key``, or ``None``. A damaged document raises CheckpointCorruptError."""
         try:
-            blob = self.store.get(key)
+            blob = self.store.get(key, max_bytes=MAX_DOCUMENT_BYTES)
         except ObjectNotFoundError:
             return None
         return StateDocument.from_bytes(blob.data, where=self._where(key))
@@ -305,6 +312,7 @@ class KeyValueStore:
             encode=StateDocument.to_bytes,
             backoff=self.backoff,
             what="state document",
+            max_bytes=MAX_DOCUMENT_BYTES,
         )
         return stored
 
@@ -358,8 +366,12 @@ def collect_expired(
                 continue
             report.scanned += 1
             try:
-                blob = store.get(info.key)
+                blob = store.get(info.key, max_bytes=MAX_DOCUMENT_BYTES)
             except ObjectNotFoundError:
+                continue
+            except CheckpointCorruptError as exc:  # too large to be ours: left alone, reported
+                log.warning("gc: skipping %s", exc)
+                report.unreadable.append(info.key)
                 continue
             try:
                 doc = StateDocument.from_bytes(blob.data, where=f"{info.key!r} in {store.url}")

@@ -20,6 +20,7 @@ from airflow_stateful.core.codecs import CODECS, JSON
 from airflow_stateful.core.errors import IncompatibleStateError, InvalidValueError, MigrationError
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.migrations import validate_schema
+from airflow_stateful.core.records import MAX_KEPT
 from airflow_stateful.core.session import ON_INCOMPATIBLE, WriterSession
 from airflow_stateful.hooks.state import StateHook
 
@@ -79,9 +80,9 @@ class StatefulMixin:
         if identity is not None and "{{" not in str(identity):
             identity_for(dag_id="dag", task_id="task", map_index=-1, run_id="run", name=identity)
         if keep_last is not None and (
-            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+            isinstance(keep_last, bool) or not isinstance(keep_last, int) or not 1 <= keep_last <= MAX_KEPT
         ):
-            raise InvalidValueError(f"keep_last must be an integer >= 1, not {keep_last!r}")
+            raise InvalidValueError(f"keep_last must be an integer from 1 to {MAX_KEPT}, not {keep_last!r}")
         if not isinstance(reschedule_delay, timedelta) or reschedule_delay < timedelta(0):
             raise InvalidValueError(f"reschedule_delay must be a timedelta >= 0, not {reschedule_delay!r}")
         self.on_incompatible = on_incompatible

@@ -1,0 +1,205 @@
+"""Every record read from storage is untrusted: typed, bounded, size-capped before it is read.
+
+Someone who can write to the bucket can write a head whose checksum is right (it is an unkeyed SHA-256) but
+whose fields are anything: markup instead of a number, a manifest key inside another identity, a lease token
+that is a script. Each such record must be refused with CheckpointCorruptError naming the record and the
+field, before any value is used, and a writer must not write over it. Both stores.
+"""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from s3_endpoint import S3Endpoint
+
+from airflow_stateful.core import CheckpointStore, Identity, WriterInfo
+from airflow_stateful.core.errors import CheckpointCorruptError, InvalidValueError, ObjectTooLargeError
+from airflow_stateful.core.records import HEAD_NAME, MAX_HEAD_BYTES, canonical_json, sha256_hex
+from airflow_stateful.core.state_documents import MAX_VALUE_BYTES, KeyValueStore, object_key, task_prefix
+from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.core.stores.local import LocalObjectStore
+
+IDENTITY = Identity.for_task(dag_id="etl", task_id="load", run_id="manual__1")
+OTHER = Identity.for_task(dag_id="payroll", task_id="pay", run_id="manual__1")
+HEAD = f"{IDENTITY.key}/{HEAD_NAME}"
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
+    if request.param == "local":
+        with LocalObjectStore(root=tmp_path / "state") as local:
+            yield local
+        return
+    endpoint: S3Endpoint = request.getfixturevalue("s3_endpoint")
+    with endpoint.store(request.getfixturevalue("s3_prefix")) as s3:
+        yield s3
+
+
+def seed(store: ObjectStore, tmp_path: Path) -> dict[str, Any]:
+    """A real head with a lease and a checkpoint with one file; returns the head's JSON body."""
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    lease = cs.acquire(holder=WriterInfo(host="worker-1", try_number=1))
+    (tmp_path / "f").mkdir(exist_ok=True)
+    (tmp_path / "f" / "a.txt").write_text("a")
+    cs.commit(lease, {"n": 1}, files=tmp_path / "f")
+    return json.loads(store.get(HEAD).data)
+
+
+def write_head(store: ObjectStore, body: dict[str, Any]) -> bytes:
+    """Write ``body`` as the head with a *valid* checksum (what an attacker with bucket access can do)."""
+    body = {k: v for k, v in body.items() if k != "checksum"}
+    body["checksum"] = sha256_hex(canonical_json(body))
+    data = canonical_json(body)
+    store.put(HEAD, data)
+    return data
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def mutate(body: dict[str, Any]) -> None:
+        target: Any = body
+        parts = path.split(".")
+        for part in parts[:-1]:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        last = parts[-1]
+        if isinstance(target, list):
+            target[int(last)] = value
+        else:
+            target[last] = value
+
+    return mutate
+
+
+CRAFTED = {
+    "seq is markup": (_set("checkpoints.0.seq", "<script>alert(1)</script>"), "'seq'"),
+    "schema_version is text": (_set("checkpoints.0.schema_version", "1"), "'schema_version'"),
+    "epoch is a boolean": (_set("epoch", True), "'epoch'"),
+    "epoch is negative": (_set("epoch", -1), "'epoch'"),
+    "manifest in another identity": (
+        _set("checkpoints.0.manifest", f"{OTHER.key}/~manifests/000000000001-{'a' * 32}.json"),
+        "'manifest'",
+    ),
+    "data ref escapes": (_set("checkpoints.0.data_refs", ["../../payroll"]), "'data_refs'"),
+    "lease token is markup": (_set("lease.token", "<img src=x onerror=alert(1)>"), "'token'"),
+    "lease holder is huge": (_set("lease.holder.host", "h" * 5000), "'host'"),
+    "lease time is not a time": (_set("lease.expires_at", "tomorrow"), "'expires_at'"),
+    "identity is another one": (_set("identity", OTHER.key), "'identity'"),
+    "size is a float": (_set("checkpoints.0.total_size", 1.5), "'total_size'"),
+    "checkpoints is a string": (_set("checkpoints", "all of them"), "'checkpoints'"),
+    "lease epoch differs": (_set("lease.epoch", 99), "lease's epoch"),
+}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED), ids=list(CRAFTED))
+def test_a_crafted_head_with_a_valid_checksum_is_refused_field_by_field(
+    store: ObjectStore, tmp_path: Path, case: str
+) -> None:
+    body = seed(store, tmp_path)
+    mutate, field = CRAFTED[case]
+    mutate(body)
+    data = write_head(store, body)
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    with pytest.raises(CheckpointCorruptError) as raised:
+        cs.latest()
+    message = str(raised.value)
+    assert HEAD in message and field in message, message
+    # A writer does not write over it either: the damage is reported, not papered over.
+    with pytest.raises(CheckpointCorruptError):
+        CheckpointStore(store=store, identity=IDENTITY).acquire(steal=True)
+    assert store.get(HEAD).data == data
+
+
+def rewrite_first_file(store: ObjectStore, tmp_path: Path, **changes: str) -> None:
+    """Change the first file entry of the seeded checkpoint's manifest, and re-record its hash in the head."""
+    body = seed(store, tmp_path)
+    entry = body["checkpoints"][0]
+    manifest = json.loads(store.get(entry["manifest"]).data)
+    manifest["files"][0].update(changes)
+    data = canonical_json(manifest) + b"\n"
+    store.put(entry["manifest"], data)
+    entry["manifest_sha256"], entry["manifest_size"] = sha256_hex(data), len(data)
+    write_head(store, body)
+
+
+def test_a_manifest_naming_data_outside_its_identity_is_refused(store: ObjectStore, tmp_path: Path) -> None:
+    rewrite_first_file(store, tmp_path, key=f"{OTHER.key}/~data/{'b' * 32}/0")  # another tenant's data
+    with pytest.raises(CheckpointCorruptError, match=r"is not a data object of identity"):
+        CheckpointStore(store=store, identity=IDENTITY).latest()
+
+
+def test_a_manifest_with_a_nul_in_a_path_is_refused(store: ObjectStore, tmp_path: Path) -> None:
+    rewrite_first_file(store, tmp_path, path="a\x00.txt")
+    with pytest.raises(CheckpointCorruptError, match=r"'path'"):
+        CheckpointStore(store=store, identity=IDENTITY).latest()
+
+
+def test_an_oversized_head_is_refused_unread_with_bounded_memory(store: ObjectStore) -> None:
+    store.put(HEAD, b" " * (20 * 1024 * 1024))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ObjectTooLargeError, match=rf"{HEAD}.* more than the {MAX_HEAD_BYTES} bytes"):
+            CheckpointStore(store=store, identity=IDENTITY).head()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, f"reading the refused head allocated {peak} bytes"
+
+
+def test_a_manifest_larger_than_its_head_says_is_refused_unread(store: ObjectStore, tmp_path: Path) -> None:
+    body = seed(store, tmp_path)
+    store.put(body["checkpoints"][0]["manifest"], b"{" + b" " * (5 * 1024 * 1024) + b"}")
+    with pytest.raises(ObjectTooLargeError, match="manifests"):
+        CheckpointStore(store=store, identity=IDENTITY).latest()
+
+
+# -- task state documents -----------------------------------------------------------------------------------
+DOC_KEY = object_key(task_prefix(dag_id="d", run_id="r", task_id="t", map_index=-1), "offset")
+
+
+@pytest.mark.parametrize(
+    ("document", "field"),
+    [
+        (
+            {"format": 1, "value": {"not": "text"}, "written_at": "2026-01-01T00:00:00+00:00", "version": 1},
+            "'value'",
+        ),
+        ({"format": 1, "value": "1", "written_at": "2026-01-01T00:00:00+00:00", "version": "2"}, "'version'"),
+        ({"format": 1, "value": "1", "written_at": "now", "version": 1}, "'written_at'"),
+        (
+            {
+                "format": 1,
+                "value": "1",
+                "written_at": "2026-01-01T00:00:00+00:00",
+                "version": 1,
+                "by_ref": "yes",
+            },
+            "'by_ref'",
+        ),
+    ],
+    ids=["value-not-text", "version-text", "written_at-not-a-time", "by_ref-text"],
+)
+def test_a_crafted_state_document_is_refused_by_field(
+    store: ObjectStore, document: dict[str, Any], field: str
+) -> None:
+    store.put(DOC_KEY, json.dumps(document).encode())
+    with pytest.raises(CheckpointCorruptError, match=field):
+        KeyValueStore(store=store).read(DOC_KEY)
+
+
+def test_an_oversized_value_is_refused_before_anything_is_written(store: ObjectStore) -> None:
+    from airflow_stateful.core.state_documents import check_json_text
+
+    with pytest.raises(InvalidValueError, match=r"'offset' is \d+ characters of JSON; the limit is"):
+        check_json_text('"' + "x" * MAX_VALUE_BYTES + '"', key="offset")
+    assert list(store.list_objects("")) == []
+
+
+def test_keep_last_is_bounded_so_a_head_stays_readable() -> None:
+    from airflow_stateful.core.retention import KeepLast
+
+    with pytest.raises(ValueError, match="from 1 to 1000, not 5000"):
+        KeepLast(5000)
