@@ -133,23 +133,37 @@ class TaskState:
         return self._session.checkpoints.history()
 
     # -- writing -------------------------------------------------------------------------------------------
-    def save(self, value: Any, files: str | Path | None = None) -> CheckpointInfo:
+    def save(
+        self, value: Any, files: str | Path | None = None, *, follow_symlinks: bool = False
+    ) -> CheckpointInfo:
         """Commit ``value`` (and, atomically with it, the file or directory ``files``) as a checkpoint.
 
         With ``files=None`` the checkpoint keeps the files of the previous one. If a stop was requested,
         the checkpoint is committed and then StopRequested ends the try. If the save fails, nothing the task
-        sees changes: :attr:`value` is what it was before the call.
+        sees changes: :attr:`value` is what it was before the call. Symbolic links below ``files`` are refused
+        by name unless ``follow_symlinks=True``; then they are saved as what they point to, which must be
+        inside ``files``.
         """
-        info = self._commit(value, dict(self._cursors), files=files)
+        info = self._commit(value, dict(self._cursors), files=files, follow_symlinks=follow_symlinks)
         if self.stop_requested:
             raise StopRequested(f"stop requested; progress saved in checkpoint {info.seq}")
         return info
 
     def _commit(
-        self, value: Any, cursors: dict[str, int], *, files: str | Path | None = None
+        self,
+        value: Any,
+        cursors: dict[str, int],
+        *,
+        files: str | Path | None = None,
+        follow_symlinks: bool = False,
     ) -> CheckpointInfo:
         """Commit ``value`` with the resume positions ``cursors``; adopt the value only once the commit landed."""
-        manifest = self._session.commit(value, files=files, extra={_CURSORS: cursors} if cursors else None)
+        manifest = self._session.commit(
+            value,
+            files=files,
+            extra={_CURSORS: cursors} if cursors else None,
+            follow_symlinks=follow_symlinks,
+        )
         self._value = value
         return CheckpointInfo.of(manifest)
 

@@ -38,7 +38,7 @@ from airflow_stateful.core.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
 )
-from airflow_stateful.core.files import LocalFile, collect_files, safe_relative
+from airflow_stateful.core.files import LocalFile, check_restore_targets, collect_files, safe_relative
 from airflow_stateful.core.head import HeadStore
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import (
@@ -189,6 +189,7 @@ class CheckpointStore:
         value_codec: str = JSON,
         keep_files_from: Manifest | None = None,
         exclude: Collection[str] = (),
+        follow_symlinks: bool = False,
         check: Callable[[], None] | None = None,
     ) -> Manifest:
         """Make ``value`` (and the files below ``files``) the identity's newest checkpoint, atomically.
@@ -200,6 +201,8 @@ class CheckpointStore:
             files (by reference, nothing is copied); retention keeps their data while any kept checkpoint
             refers to it.
         :param exclude: relative paths below ``files`` not to checkpoint.
+        :param follow_symlinks: save what links inside ``files`` point to (never outside it); default: refuse
+            links, naming them.
         :param check: called before each upload and before the manifest is written; raising there aborts the
             commit with nothing made visible (a :class:`WriterSession` stops a writer that lost its lease).
         """
@@ -210,7 +213,7 @@ class CheckpointStore:
         stored_value = encode_value(value, value_codec)
         if extra is not None:
             encode_value(extra, JSON)
-        local_files = collect_files(files, exclude=exclude)
+        local_files = collect_files(files, exclude=exclude, follow_symlinks=follow_symlinks)
         if keep_files_from is not None and keep_files_from.identity != self.identity.key:
             raise ValueError(
                 f"keep_files_from is a checkpoint of {keep_files_from.identity}, not {self.identity}"
@@ -331,7 +334,13 @@ class CheckpointStore:
             if check is not None:
                 check()
             key = f"{self.identity.key}/{DATA_DIR}/{commit_id}/{index}"
-            stored = self.store.upload_file(key, local.path, progress=progress)
+            try:
+                stored = self.store.upload_file(key, local.path, progress=progress)
+            except FileNotFoundError:
+                raise InvalidValueError(
+                    f"file {local.rel!r} disappeared while the checkpoint was being saved; nothing was committed "
+                    "(the previous checkpoint is intact). Do not change the directory while it is saved."
+                ) from None
             entries.append(FileEntry(path=local.rel, key=key, size=stored.size, sha256=stored.sha256))
         if progress:
             progress.finish()
@@ -485,6 +494,7 @@ class CheckpointStore:
         where = manifest_key(self.identity.key, manifest.seq, manifest.commit_id)
         try:
             rels = [safe_relative(f.path, manifest_key=where) for f in manifest.files]
+            check_restore_targets(dest, rels)
             for rel, entry in zip(rels, manifest.files, strict=True):
                 try:
                     self.store.download_file(

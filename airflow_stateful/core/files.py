@@ -20,12 +20,22 @@ class LocalFile:
     size: int
 
 
-def collect_files(files: str | os.PathLike[str] | None, *, exclude: Collection[str] = ()) -> list[LocalFile]:
+def collect_files(
+    files: str | os.PathLike[str] | None,
+    *,
+    exclude: Collection[str] = (),
+    follow_symlinks: bool = False,
+) -> list[LocalFile]:
     """List the regular files of a file or directory tree, sorted by relative path.
 
     A single file is restored under its own name; a directory's files keep their paths below it. Empty
     directories are not recorded. Special files (pipes, sockets, devices) are refused by name. ``exclude``
     names relative paths to leave out (the pod client keeps its value file beside the data).
+
+    Symbolic links inside the tree are refused by name unless ``follow_symlinks`` is given; then a link is
+    saved as what it points to, which must be inside the saved directory (a link out of it, a dangling link
+    and a loop are refused by name). Either way nothing outside the directory is ever read. ``files`` itself
+    may be a link: it is the user's own choice of what to save.
     """
     if files is None:
         return []
@@ -33,28 +43,111 @@ def collect_files(files: str | os.PathLike[str] | None, *, exclude: Collection[s
         raise InvalidValueError(
             f"files must be a path to a file or directory, not {type(files).__name__} {files!r}"
         )
-    root = Path(files)
-    if not root.exists():
-        raise InvalidValueError(f"files={str(root)!r} does not exist.")
-    if root.is_file():
-        return [LocalFile(path=root, rel=root.name, size=root.stat().st_size)]
-    if not root.is_dir():
-        raise InvalidValueError(f"files={str(root)!r} is neither a regular file nor a directory.")
+    given = Path(files)
+    if not given.exists():
+        raise InvalidValueError(f"files={str(given)!r} does not exist.")
+    if given.is_file():
+        return [LocalFile(path=given, rel=given.name, size=given.stat().st_size)]
+    if not given.is_dir():
+        raise InvalidValueError(f"files={str(given)!r} is neither a regular file nor a directory.")
+    root = given.resolve()
     found: list[LocalFile] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+    visited = {root}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_symlinks):
+        here = Path(dirpath)
+        for name in sorted(dirnames):
+            path = here / name
+            if path.is_symlink():
+                target = _link_target(path, root=root, given=given, follow=follow_symlinks)
+                if target in visited:
+                    raise InvalidValueError(
+                        f"{_shown(path, root, given)!r} links back to a directory already saved (a loop); "
+                        "remove the link."
+                    )
+                visited.add(target)
         for name in filenames:
-            path = Path(dirpath) / name
-            st = path.stat()  # follows symlinks: a link to a file is saved as that file's bytes
+            path = here / name
+            source = path
+            if path.is_symlink():
+                source = _link_target(path, root=root, given=given, follow=follow_symlinks)
+            try:
+                st = source.stat()
+            except FileNotFoundError:
+                raise InvalidValueError(
+                    f"{_shown(path, root, given)!r} disappeared while the checkpoint was prepared; nothing "
+                    "was written."
+                ) from None
             if not stat.S_ISREG(st.st_mode):
                 raise InvalidValueError(
-                    f"{str(path)!r} is not a regular file (pipe, socket or device); move it out of {str(root)!r}."
+                    f"{_shown(path, root, given)!r} is not a regular file (pipe, socket or device); move it "
+                    f"out of {str(given)!r}."
                 )
             rel = path.relative_to(root).as_posix()
             if rel not in exclude:
-                found.append(LocalFile(path=path, rel=rel, size=st.st_size))
+                found.append(LocalFile(path=source, rel=rel, size=st.st_size))
     found.sort(key=lambda f: f.rel)
     return found
+
+
+def _shown(path: Path, root: Path, given: Path) -> str:
+    """``path`` as the user knows it: below the directory they passed, not its resolved form."""
+    return str(given / path.relative_to(root))
+
+
+def _link_target(path: Path, *, root: Path, given: Path, follow: bool) -> Path:
+    """Where the link ``path`` leads, if links may be followed and it stays inside ``root``."""
+    shown = _shown(path, root, given)
+    if not follow:
+        raise InvalidValueError(
+            f"{shown!r} is a symbolic link; links are not saved by default. Pass follow_symlinks=True to save "
+            "what it points to (which must be inside the saved directory), or remove it."
+        )
+    try:
+        target = path.resolve(strict=True)
+    except FileNotFoundError:
+        raise InvalidValueError(
+            f"{shown!r} is a dangling symbolic link (its target does not exist)."
+        ) from None
+    except RuntimeError:  # a loop of links
+        raise InvalidValueError(f"{shown!r} is a loop of symbolic links.") from None
+    if target != root and root not in target.parents:
+        raise InvalidValueError(
+            f"{shown!r} links to {str(target)!r}, outside the saved directory {str(given)!r}; a checkpoint "
+            "never reads outside the directory it saves."
+        )
+    return target
+
+
+def check_restore_targets(dest: Path, rels: Collection[PurePosixPath]) -> None:
+    """Refuse a restore that would write through a link or onto a file, before anything is moved.
+
+    Every directory on the way from ``dest`` to each file must be a real directory or not exist yet: a
+    symbolic link already inside ``dest`` (planted, or left by the job) would redirect the restore outside
+    ``dest``, and a file where a directory belongs would stop it half-way.
+    """
+    checked: set[Path] = set()
+    for rel in rels:
+        current = dest
+        for part in rel.parts[:-1]:
+            current = current / part
+            if current in checked:
+                continue
+            checked.add(current)
+            if current.is_symlink():
+                raise InvalidValueError(
+                    f"{str(current)!r} is a symbolic link inside the restore destination; a restore never writes "
+                    "through links. Remove it (nothing was restored)."
+                )
+            if current.exists() and not current.is_dir():
+                raise InvalidValueError(
+                    f"{str(current)!r} is a file where the checkpoint has a directory; remove it (nothing was "
+                    "restored)."
+                )
+        target = dest / rel
+        if target.is_dir() and not target.is_symlink():
+            raise InvalidValueError(
+                f"{str(target)!r} is a directory where the checkpoint has a file; remove it (nothing was restored)."
+            )
 
 
 def safe_relative(rel: str, *, manifest_key: str) -> PurePosixPath:

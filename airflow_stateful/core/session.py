@@ -268,10 +268,12 @@ class WriterSession:
         extra: dict[str, Any] | None = None,
         keep_files: bool = True,
         exclude: Collection[str] = (),
+        follow_symlinks: bool = False,
     ) -> Manifest:
         """Commit ``value`` (and the file or directory ``files``) as the identity's newest checkpoint.
 
         With ``files=None`` and ``keep_files`` the checkpoint keeps the files of :attr:`latest` by reference.
+        Symbolic links below ``files`` are refused unless ``follow_symlinks`` (never outside ``files``).
         Raises FencedError at once, before any upload, when the session has lost its lease. On any error
         nothing this session knows changes (:attr:`latest`, :attr:`value`), and neither does the store.
         """
@@ -290,6 +292,7 @@ class WriterSession:
                 value_codec=self.value_codec,
                 keep_files_from=self._latest if files is None and keep_files else None,
                 exclude=exclude,
+                follow_symlinks=follow_symlinks,
                 check=self.ensure_alive,
             )
         except FencedError as exc:

@@ -1,0 +1,149 @@
+"""Saving and restoring files cannot be turned against the host: no reading outside the saved directory, no
+writing outside the restore destination, and a clear error naming the path for every odd file. Both stores.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from maintenance import keys, read_tree, tree
+from s3_endpoint import S3Endpoint
+
+from airflow_stateful.core import CheckpointStore, Identity
+from airflow_stateful.core.errors import InvalidValueError
+from airflow_stateful.core.stores.base import ObjectStore, ProgressCallback, StoredFile
+from airflow_stateful.core.stores.local import LocalObjectStore
+
+IDENTITY = Identity.for_task(dag_id="etl", task_id="files", run_id="manual__1")
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
+    if request.param == "local":
+        with LocalObjectStore(root=tmp_path / "state") as local:
+            yield local
+        return
+    endpoint: S3Endpoint = request.getfixturevalue("s3_endpoint")
+    with endpoint.store(request.getfixturevalue("s3_prefix")) as s3:
+        yield s3
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    """A file outside the saved directory that must never reach the store."""
+    path = tmp_path / "outside" / "id_rsa"
+    path.parent.mkdir()
+    path.write_bytes(b"-----BEGIN PRIVATE KEY----- do not upload")
+    return path
+
+
+def commit(store: ObjectStore, files: Path, **kwargs: object) -> None:
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    cs.commit(cs.acquire(steal=True), {"v": 1}, files=files, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_link_to_a_file_outside_the_directory_is_never_uploaded(
+    store: ObjectStore, tmp_path: Path, secret: Path
+) -> None:
+    work = tree(tmp_path / "work", {"model.bin": b"weights"})
+    (work / "key").symlink_to(secret)
+    for follow in (False, True):
+        before = keys(store)
+        with pytest.raises(InvalidValueError, match=r"work/key") as raised:
+            commit(store, work, follow_symlinks=follow)
+        assert ("outside the saved directory" in str(raised.value)) == follow
+        assert keys(store) - before <= {f"{IDENTITY.key}/~head.json"}, "nothing of the checkpoint was written"
+    for info in store.list_objects(""):
+        assert b"PRIVATE KEY" not in store.get(info.key).data
+
+
+def test_links_inside_the_directory_are_refused_by_name_or_followed_on_request(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    work = tree(tmp_path / "work", {"data/a.txt": b"alpha", "data/sub/b.txt": b"beta"})
+    (work / "latest.txt").symlink_to(work / "data" / "a.txt")
+    (work / "current").symlink_to(work / "data" / "sub", target_is_directory=True)
+    with pytest.raises(InvalidValueError, match=r"is a symbolic link; links are not saved by default"):
+        commit(store, work)
+    commit(store, work, follow_symlinks=True)
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    latest = cs.latest()
+    assert latest is not None
+    assert sorted(f.path for f in latest.files) == [
+        "current/b.txt",
+        "data/a.txt",
+        "data/sub/b.txt",
+        "latest.txt",
+    ], "a followed directory link is saved, not skipped silently"
+    out = tmp_path / "out"
+    cs.restore_files(latest, out)
+    assert read_tree(out)["latest.txt"] == b"alpha" and not (out / "latest.txt").is_symlink()
+
+
+def test_a_directory_link_out_of_the_tree_a_loop_and_a_dangling_link_are_refused(
+    store: ObjectStore, tmp_path: Path, secret: Path
+) -> None:
+    work = tree(tmp_path / "work", {"a.txt": b"a"})
+    (work / "escape").symlink_to(secret.parent, target_is_directory=True)
+    with pytest.raises(InvalidValueError, match=r"work/escape' links to .* outside the saved directory"):
+        commit(store, work, follow_symlinks=True)
+    (work / "escape").unlink()
+    (work / "loop").symlink_to(work, target_is_directory=True)
+    with pytest.raises(InvalidValueError, match=r"work/loop' links back to a directory already saved"):
+        commit(store, work, follow_symlinks=True)
+    (work / "loop").unlink()
+    (work / "gone").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(InvalidValueError, match=r"work/gone' is a dangling symbolic link"):
+        commit(store, work, follow_symlinks=True)
+
+
+def test_restore_never_writes_through_a_link_inside_the_destination(
+    store: ObjectStore, tmp_path: Path, secret: Path
+) -> None:
+    commit(store, tree(tmp_path / "work", {"ssh/id_rsa": b"the checkpoint's own file", "a.txt": b"a"}))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "ssh").symlink_to(secret.parent, target_is_directory=True)  # planted, or left by the job
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    latest = cs.latest()
+    assert latest is not None
+    with pytest.raises(
+        InvalidValueError, match=r"dest/ssh' is a symbolic link inside the restore destination"
+    ):
+        cs.restore_files(latest, dest)
+    assert secret.read_bytes().startswith(b"-----BEGIN"), "the file outside dest is untouched"
+    assert sorted(p.name for p in dest.iterdir()) == ["ssh"], "nothing was restored"
+
+
+def test_restore_onto_a_file_where_a_directory_belongs_changes_nothing(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    commit(store, tree(tmp_path / "work", {"a/b.txt": b"b", "c.txt": b"c"}))
+    dest = tree(tmp_path / "dest", {"a": b"a file, not a directory", "keep.txt": b"mine"})
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    latest = cs.latest()
+    assert latest is not None
+    with pytest.raises(InvalidValueError, match=r"dest/a' is a file where the checkpoint has a directory"):
+        cs.restore_files(latest, dest)
+    assert read_tree(dest) == {"a": b"a file, not a directory", "keep.txt": b"mine"}
+
+
+class VanishingStore(LocalObjectStore):
+    """A real directory store during whose upload the job deletes the file being saved."""
+
+    def upload_file(self, key: str, path: Path, *, progress: ProgressCallback | None = None) -> StoredFile:
+        os.unlink(path)
+        return super().upload_file(key, path, progress=progress)
+
+
+def test_a_file_that_disappears_while_it_is_saved_fails_cleanly(tmp_path: Path) -> None:
+    store = VanishingStore(root=tmp_path / "state")
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    lease = cs.acquire()
+    cs.commit(lease, {"v": 0})
+    with pytest.raises(InvalidValueError, match=r"'a.txt' disappeared while the checkpoint was being saved"):
+        cs.commit(lease, {"v": 1}, files=tree(tmp_path / "work", {"a.txt": b"a"}))
+    assert cs.latest().value == {"v": 0}  # type: ignore[union-attr]
