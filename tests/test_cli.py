@@ -131,6 +131,25 @@ def test_rollback_commits_a_copy_and_respects_a_live_lease(
         batch.commit(seeded["held"], {"next": 40})  # type: ignore[arg-type]
 
 
+def test_rollback_of_a_pickled_checkpoint_restores_the_value_not_its_text(
+    capsys: pytest.CaptureFixture[str], backend: str
+) -> None:
+    """The copy is the same pickle, byte for byte; the CLI never unpickles anything to make it."""
+    from airflow_stateful.core.codecs import decode_value
+
+    identity = Identity.for_task(dag_id="ml", task_id="fit", run_id="manual__1")
+    cs = open_cs(backend, identity)
+    lease = cs.acquire()
+    for step in (1, 2):
+        cs.commit(lease, {"step": step, "seen": {step}}, value_codec="pickle")  # a set: not JSON
+    cs.release(lease)
+    code, _, _ = cli(capsys, backend, "rollback", identity.key, "--to", "1")
+    assert code == 0
+    latest, first = cs.latest(), cs.get(1)
+    assert latest is not None and latest.value_codec == "pickle" and latest.value == first.value
+    assert decode_value(latest.value, "pickle", allowed="pickle", where="test") == {"step": 1, "seen": {1}}
+
+
 def test_unlock_refuses_a_live_lease_unless_forced(
     capsys: pytest.CaptureFixture[str], backend: str, seeded: dict[str, object]
 ) -> None:

@@ -185,6 +185,7 @@ def _cmd_rollback(args: argparse.Namespace, store: ObjectStore) -> int:
         new = cs.commit(
             lease,
             target.value,
+            encoded=True,  # copied as stored: a pickled value stays the same pickle, never unpickled here
             schema_version=target.schema_version,
             value_codec=target.value_codec,
             keep_files_from=target,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_stateful.core import config, events
-from airflow_stateful.core.codecs import JSON, encode_value
+from airflow_stateful.core.codecs import JSON, encode_value, encoded_form
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
@@ -190,6 +190,7 @@ class CheckpointStore:
         keep_files_from: Manifest | None = None,
         exclude: Collection[str] = (),
         follow_symlinks: bool = False,
+        encoded: bool = False,
         check: Callable[[], None] | None = None,
     ) -> Manifest:
         """Make ``value`` (and the files below ``files``) the identity's newest checkpoint, atomically.
@@ -203,6 +204,8 @@ class CheckpointStore:
         :param exclude: relative paths below ``files`` not to checkpoint.
         :param follow_symlinks: save what links inside ``files`` point to (never outside it); default: refuse
             links, naming them.
+        :param encoded: ``value`` is already in its stored form (a manifest's ``value``, as ``value_codec``
+            wrote it): it is copied as it is, never decoded (a rollback must not unpickle anything).
         :param check: called before each upload and before the manifest is written; raising there aborts the
             commit with nothing made visible (a :class:`WriterSession` stops a writer that lost its lease).
         """
@@ -210,7 +213,7 @@ class CheckpointStore:
             raise ValueError(f"lease is for {lease.identity}, not {self.identity}")
         if isinstance(schema_version, bool) or not isinstance(schema_version, int) or schema_version < 1:
             raise InvalidValueError(f"schema_version must be an integer >= 1, not {schema_version!r}")
-        stored_value = encode_value(value, value_codec)
+        stored_value = encoded_form(value, value_codec) if encoded else encode_value(value, value_codec)
         if extra is not None:
             encode_value(extra, JSON)
         local_files = collect_files(files, exclude=exclude, follow_symlinks=follow_symlinks)

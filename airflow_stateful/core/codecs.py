@@ -45,6 +45,14 @@ def encode_value(value: Any, codec: str) -> Any:
     return value
 
 
+def encoded_form(stored: Any, codec: str) -> Any:
+    """Check a value already in its stored form (copied from a manifest), without decoding it."""
+    check_codec(codec)
+    if codec == PICKLE and not isinstance(stored, str):
+        raise InvalidValueError(f"a pickled value is stored as base64 text, not {type(stored).__name__}")
+    return encode_value(stored, JSON)
+
+
 def decode_value(stored: Any, codec: str, *, allowed: str, where: str) -> Any:
     """The value of a manifest written with ``codec``, if the reader allows that codec."""
     if codec == JSON:
