@@ -9,12 +9,17 @@ No Kubernetes API server can run on these machines. So:
   subprocess, which plays the pod;
 * the operator's calls to the API go to ``create_autospec`` of the kubernetes client's ``CoreV1Api`` and the
   provider's ``PodManager`` (the real signatures, no hand-written fake server), answering with real
-  ``V1Pod`` objects;
+  ``V1Pod`` and ``V1Secret`` objects (:class:`PodApi`). Only the Kubernetes API is mocked. Of a cluster's
+  behaviour :class:`PodApi` models just the two parts the lease Secret relies on, each documented
+  Kubernetes behaviour: the kubelet (a container starts only once every ``secretKeyRef`` of its env
+  resolves; the tests then run the real client with that resolved environment) and the garbage collector (a
+  Secret whose owner pods are all gone is deleted). The tests check the owner reference itself too;
 * the end-to-end test needs ``KUBECONFIG`` pointing at a real cluster (kind, k3s) and skips otherwise.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -34,13 +39,14 @@ from maintenance import GcLoop
 
 pytest.importorskip("airflow.providers.cncf.kubernetes", reason="needs the kubernetes extra")
 
-from kubernetes.client import CoreV1Api
+from kubernetes.client import ApiClient, CoreV1Api
 from kubernetes.client import models as k8s
+from kubernetes.client.exceptions import ApiException
 
 from airflow_stateful.client.settings import PodSettings
 from airflow_stateful.core import CheckpointStore, Identity, store_from_url
 from airflow_stateful.core.records import WriterInfo
-from airflow_stateful.kubernetes.pods import run_label
+from airflow_stateful.kubernetes.pods import LEASE_SECRET_KEY, LEASE_TOKEN_ENV, lease_secret_name, run_label
 from airflow_stateful.operators.kubernetes import (
     EPOCH_LABEL,
     IDENTITY_LABEL,
@@ -48,6 +54,7 @@ from airflow_stateful.operators.kubernetes import (
     RUN_LABEL,
     SIDECAR_CONTAINER,
     STATE_VOLUME,
+    PodState,
     StatefulKubernetesPodOperator,
     choose_pods,
     identity_label,
@@ -132,7 +139,13 @@ def checkpoints_at(url: str, identity: Identity) -> CheckpointStore:
 
 
 def env_of(container: k8s.V1Container) -> dict[str, str]:
+    """The literal env values of a container as rendered (a ``secretKeyRef`` variable maps to ``None``)."""
     return {e.name: e.value for e in container.env or []}
+
+
+def serialized(obj: Any) -> str:
+    """``obj`` as the kubernetes client sends it to the API server (JSON)."""
+    return json.dumps(ApiClient().sanitize_for_serialization(obj))
 
 
 def base(pod: k8s.V1Pod) -> k8s.V1Container:
@@ -215,7 +228,7 @@ def test_pre_start_migrates_schema_1_to_2_and_the_pod_gets_the_next_epoch(
     assert env["STATEFUL_BACKEND_URL"] == state_url
     assert env["STATEFUL_EPOCH"] == str(old_epoch + 1)
     assert env["STATEFUL_SCHEMA_VERSION"] == "2"
-    assert env["STATEFUL_LEASE_TOKEN"] == plan.lease.token
+    assert env[LEASE_TOKEN_ENV] is None, "the token is not a literal: it comes from the lease Secret"
     assert env["STATEFUL_IMAGE"] == "example/trainer:2"
     assert (env["STATEFUL_RUN_ID"], env["STATEFUL_TRY_NUMBER"], env["STATEFUL_MAP_INDEX"]) == (
         "manual__1",
@@ -224,7 +237,12 @@ def test_pre_start_migrates_schema_1_to_2_and_the_pod_gets_the_next_epoch(
     )
     assert pod.metadata.labels[EPOCH_LABEL] == str(old_epoch + 1)
     assert pod.metadata.labels[IDENTITY_LABEL] == identity_label(identity)
-    # The pod's client restores the migrated checkpoint with exactly that environment.
+    # The pod is created with its lease Secret; its client restores the migrated checkpoint with exactly the
+    # environment the kubelet gives it.
+    api = PodApi(op, keep_running)
+    op.get_or_create_pod(pod, context)
+    env = api.kubelet_env(api.read(pod))["base"]
+    assert env[LEASE_TOKEN_ENV] == plan.lease.token
     restored = run_client(env, "restore", str(tmp_path / "pod"))
     assert restored.returncode == 0, restored.stderr
     assert (tmp_path / "pod" / "model.bin").read_bytes() == b"weights-v1"
@@ -234,11 +252,12 @@ def test_pre_start_migrates_schema_1_to_2_and_the_pod_gets_the_next_epoch(
 def test_a_second_pre_start_fences_the_first_pod(state_url: str, tmp_path: Path) -> None:
     first_ctx, second_ctx = make_context(try_number=1), make_context(try_number=2)
     first_op, second_op = make_op(), make_op()
-    first = env_of(base((first_op.prepare_state(first_ctx), first_op.build_pod_request_obj(first_ctx))[1]))
-    second = env_of(
-        base((second_op.prepare_state(second_ctx), second_op.build_pod_request_obj(second_ctx))[1])
-    )
+    api = PodApi(first_op, keep_running)
+    api.attach(second_op)
+    first = api.kubelet_env(start_pod(first_op, first_ctx, api)[1])["base"]
+    second = api.kubelet_env(start_pod(second_op, second_ctx, api)[1])["base"]
     assert int(second["STATEFUL_EPOCH"]) == int(first["STATEFUL_EPOCH"]) + 1
+    assert first[LEASE_TOKEN_ENV] != second[LEASE_TOKEN_ENV] and len(api.secrets) == 2, "a Secret per lease"
 
     work = tmp_path / "work"
     work.mkdir()
@@ -289,7 +308,8 @@ def test_on_incompatible_restart_gives_the_pod_an_empty_checkpoint_at_the_new_sc
     identity = Identity.for_task(dag_id="train", task_id="fit", run_id="manual__1")
     seed_schema_1(state_url, identity, tmp_path / "v1files")
     op = make_op(schema_version=2, on_incompatible="restart")
-    env = env_of(base((op.prepare_state(make_context()), op.build_pod_request_obj(make_context()))[1]))
+    api = PodApi(op, keep_running)
+    env = api.kubelet_env(start_pod(op, make_context(), api)[1])["base"]
     history = checkpoints_at(state_url, identity).history()
     assert len(history) == 2, "the old checkpoint stays in the history"
     restored = run_client(env, "restore", str(tmp_path / "pod"))
@@ -408,13 +428,16 @@ def test_no_credential_of_the_airflow_connection_reaches_the_pod_spec(s3_backend
 
 
 # -- reattach and stale pods ------------------------------------------------------------------------------------
-def remote(pod: k8s.V1Pod, phase: str, **labels: str) -> k8s.V1Pod:
+def remote(pod: k8s.V1Pod, phase: str, *, uid: str | None = None, **labels: str) -> k8s.V1Pod:
     """What the API server would return for ``pod``: the same spec with a status (and extra labels)."""
     copy = k8s.V1Pod(
         api_version="v1",
         kind="Pod",
         metadata=k8s.V1ObjectMeta(
-            name=pod.metadata.name, namespace=pod.metadata.namespace, labels={**pod.metadata.labels, **labels}
+            name=pod.metadata.name,
+            namespace=pod.metadata.namespace,
+            labels={**pod.metadata.labels, **labels},
+            uid=uid or pod.metadata.uid,
         ),
         spec=pod.spec,
         status=k8s.V1PodStatus(phase=phase),
@@ -458,7 +481,7 @@ def test_kpo_find_pod_selects_by_identity_epoch_and_run(state_url: str) -> None:
     context = make_context()
     op = make_op(labels={"team": "ml"})
     state = op.prepare_state(context)
-    api = PodApi(op, lambda pod: "Running")
+    api = PodApi(op, keep_running)
     api.pods = [remote(op.build_pod_request_obj(context), "Running")]
     assert op.find_pod("ml", context) is api.pods[0]
     selector = api.client.list_namespaced_pod.call_args.kwargs["label_selector"].split(",")
@@ -469,28 +492,60 @@ def test_kpo_find_pod_selects_by_identity_epoch_and_run(state_url: str) -> None:
 
 
 # -- execute and on_kill against the kubernetes client's API classes -------------------------------------------
-class PodApi:
-    """``create_autospec`` mocks of CoreV1Api and PodManager whose created pods are run by ``play``."""
+Play = Callable[[k8s.V1Pod, dict[str, dict[str, str]]], str]
 
-    def __init__(self, op: StatefulKubernetesPodOperator, play: Callable[[k8s.V1Pod], str]) -> None:
+
+class PodApi:
+    """``create_autospec`` mocks of CoreV1Api and PodManager that record real ``V1Pod`` and ``V1Secret`` objects.
+
+    Two behaviours of a cluster are modelled, because the operator relies on them (and nothing else is):
+
+    * the kubelet: a created pod stays ``Pending`` until every ``secretKeyRef`` in its containers' env
+      resolves from a recorded Secret (a real pod shows ``CreateContainerConfigError`` and is retried); then
+      ``play(pod, env)`` runs it, with ``env`` each container's environment as the kubelet resolves it, and
+      returns its phase;
+    * the garbage collector: a Secret whose ``ownerReferences`` all name pods (by uid) that no longer exist
+      is deleted; a Secret without owner references never is. A pod deleted with a grace period while it
+      runs stays, terminating, until :meth:`end_terminating` plays its end.
+    """
+
+    def __init__(self, op: StatefulKubernetesPodOperator, play: Play) -> None:
         from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 
+        self.play = play
         self.pods: list[k8s.V1Pod] = []
+        self.secrets: list[k8s.V1Secret] = []
+        self.secrets_ever: list[k8s.V1Secret] = []
+        self._started: set[str] = set()
         self.client = mock.create_autospec(CoreV1Api, instance=True)
         self.client.list_namespaced_pod.side_effect = self.list_pods
+        self.client.create_namespaced_secret.side_effect = self.create_secret
+        self.client.delete_namespaced_pod.side_effect = self.delete_gracefully
         self.manager = mock.create_autospec(PodManager, instance=True)
-        self.manager.create_pod.side_effect = lambda pod: self.pods.append(remote(pod, play(pod)))
+        self.manager.create_pod.side_effect = self.create_pod
         self.manager.read_pod.side_effect = self.read
         self.manager.await_pod_completion.side_effect = lambda pod, *a, **k: self.read(pod)
-        self.manager.delete_pod.side_effect = lambda pod: self.pods.remove(self.read(pod))
+        self.manager.delete_pod.side_effect = self.delete
+        self.attach(op)
+
+    def attach(self, op: StatefulKubernetesPodOperator) -> None:
+        """Point ``op`` at this API (a second operator, e.g. a later try on a restarted worker, may share it)."""
         op.client = self.client
         op.pod_manager = self.manager
         op.log_events_on_startup = False
 
+    # pods
+    def create_pod(self, pod: k8s.V1Pod) -> k8s.V1Pod:
+        created = remote(pod, "Pending", uid=str(uuid.uuid4()))
+        self.pods.append(created)
+        return created
+
     def read(self, pod: k8s.V1Pod) -> k8s.V1Pod:
+        self.kubelet()
         return next(p for p in self.pods if p.metadata.name == pod.metadata.name)
 
     def list_pods(self, *, namespace: str, label_selector: str) -> k8s.V1PodList:
+        self.kubelet()
         wanted = [s for s in label_selector.split(",") if "=" in s and "!=" not in s]
 
         def matches(pod: k8s.V1Pod) -> bool:
@@ -501,16 +556,107 @@ class PodApi:
 
         return k8s.V1PodList(items=[p for p in self.pods if p.metadata.namespace == namespace and matches(p)])
 
+    def delete(self, pod: k8s.V1Pod) -> None:
+        self.pods.remove(next(p for p in self.pods if p.metadata.name == pod.metadata.name))
+        self.collect_garbage()
 
-def run_wrapped(pod: k8s.V1Pod) -> str:
+    def delete_gracefully(self, name: str, namespace: str, **kwargs: Any) -> None:
+        pod = next(p for p in self.pods if p.metadata.name == name and p.metadata.namespace == namespace)
+        if kwargs.get("grace_period_seconds") == 0 or terminated_phase(pod):
+            self.delete(pod)
+        else:
+            pod.metadata.deletion_timestamp = "now"  # terminating: its containers get SIGTERM and may save
+
+    def end_terminating(self) -> None:
+        """The terminating pods' containers have exited: the pods go, and with them what they own."""
+        for pod in [p for p in self.pods if p.metadata.deletion_timestamp]:
+            self.delete(pod)
+
+    # the kubelet and the garbage collector
+    def kubelet_env(self, pod: k8s.V1Pod) -> dict[str, dict[str, str]]:
+        """Each container's environment as the kubelet gives it: ``secretKeyRef`` read from the Secret.
+
+        Raises ``LookupError`` if a referenced Secret or key does not exist (the container cannot start).
+        """
+        envs: dict[str, dict[str, str]] = {}
+        for container in [*(pod.spec.init_containers or []), *pod.spec.containers]:
+            env: dict[str, str] = {}
+            for var in container.env or []:
+                ref = var.value_from.secret_key_ref if var.value_from else None
+                if ref is None:
+                    env[var.name] = var.value
+                    continue
+                secret = self.secret(ref.name, pod.metadata.namespace)
+                if secret is None or ref.key not in (secret.data or {}):
+                    raise LookupError(f"secret {ref.name} (key {ref.key}) not found for {container.name}")
+                env[var.name] = base64.b64decode(secret.data[ref.key]).decode()
+            envs[container.name] = env
+        return envs
+
+    def kubelet(self) -> None:
+        for pod in self.pods:
+            if pod.metadata.uid in self._started or pod.metadata.deletion_timestamp:
+                continue
+            try:
+                env = self.kubelet_env(pod)
+            except LookupError:
+                continue  # CreateContainerConfigError: retried at the next sync
+            self._started.add(pod.metadata.uid)
+            pod.status.phase = self.play(pod, env)
+
+    def collect_garbage(self) -> None:
+        alive = {p.metadata.uid for p in self.pods}
+        self.secrets = [
+            s
+            for s in self.secrets
+            if not s.metadata.owner_references or any(o.uid in alive for o in s.metadata.owner_references)
+        ]
+
+    # secrets
+    def secret(self, name: str, namespace: str) -> k8s.V1Secret | None:
+        return next(
+            (s for s in self.secrets if (s.metadata.name, s.metadata.namespace) == (name, namespace)), None
+        )
+
+    def create_secret(self, namespace: str, body: k8s.V1Secret, **kwargs: Any) -> k8s.V1Secret:
+        assert isinstance(body, k8s.V1Secret) and body.metadata.namespace in (None, namespace)
+        if self.secret(body.metadata.name, namespace) is not None:
+            raise ApiException(status=409, reason="Conflict")
+        body.metadata.namespace = namespace
+        self.secrets.append(body)
+        self.secrets_ever.append(body)
+        self.collect_garbage()
+        return body
+
+
+def terminated_phase(pod: k8s.V1Pod) -> bool:
+    return pod.status.phase in ("Succeeded", "Failed")
+
+
+def start_pod(
+    op: StatefulKubernetesPodOperator, context: dict[str, Any], api: PodApi
+) -> tuple[PodState, k8s.V1Pod]:
+    """The pre-start step, the rendered pod, and its creation (with its lease Secret) through the mocked API."""
+    state = op.prepare_state(context)
+    pod = op.build_pod_request_obj(context)
+    op.get_or_create_pod(pod, context)
+    return state, api.read(pod)
+
+
+def keep_running(pod: k8s.V1Pod, env: dict[str, dict[str, str]]) -> str:
+    return "Running"
+
+
+def run_wrapped(pod: k8s.V1Pod, env: dict[str, dict[str, str]]) -> str:
     """Play the pod: run its main container's command (the client wrapping the job) with its environment."""
-    container = base(pod)
-    result = run_client(env_of(container), *container.command[3:])
+    result = run_client(env["base"], *base(pod).command[3:])
     assert result.returncode == 0, result.stderr
     return "Succeeded"
 
 
-def test_execute_leases_runs_the_pod_and_pushes_the_final_checkpoint(state_url: str, tmp_path: Path) -> None:
+def test_execute_leases_runs_the_pod_and_pushes_the_final_checkpoint(
+    state_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     job = "import pathlib, sys; pathlib.Path(sys.argv[1], 'model.bin').write_text('trained')"
     op = make_op(
         cmds=[sys.executable, "-c", job, str(tmp_path / "state-dir")],
@@ -519,7 +665,8 @@ def test_execute_leases_runs_the_pod_and_pushes_the_final_checkpoint(state_url: 
     )
     api = PodApi(op, run_wrapped)
     context = make_context()
-    result = op.execute(context)
+    with caplog.at_level("DEBUG"):
+        result = op.execute(context)
 
     ref = context["ti"].pushed["checkpoint"]
     assert result == ref
@@ -539,37 +686,190 @@ def test_execute_leases_runs_the_pod_and_pushes_the_final_checkpoint(state_url: 
     assert head is not None and head.lease is None, "the lease is released once the pod is over"
     assert api.manager.create_pod.call_count == 1
     assert api.pods == [], "the finished pod was deleted (on_finish_action='delete_pod')"
+    (secret,) = api.secrets_ever
+    assert api.secrets == [], "its lease Secret went with it"
+    token = base64.b64decode(secret.data[LEASE_SECRET_KEY]).decode()
+    assert token and token not in caplog.text, "the token is in no log line, not even at DEBUG"
 
 
-def test_execute_reattaches_to_the_running_pod_and_deletes_a_stale_one(state_url: str) -> None:
+# -- the lease token: in a Secret the pod owns, never in the pod spec ---------------------------------------------
+@pytest.mark.parametrize("mode", ["wrap", "sidecar", "init", "env"])
+def test_the_lease_token_is_never_in_the_pod_spec_only_in_a_secret_the_pod_owns(
+    state_url: str, tmp_path: Path, mode: str
+) -> None:
+    """Anyone who may ``get pods`` (and every log of the pod spec) sees no token; the pod's client still
+    gets it, from the Secret, and can save with it."""
+    op = make_op(state_mode=mode, client_image="example/stateful-client:1", credentials_secret="s3-creds")
+    api = PodApi(op, keep_running)
+    state, pod = start_pod(op, make_context(), api)
+    token = state.lease.token
+
+    sent = api.manager.create_pod.call_args.kwargs["pod"]
+    assert token not in serialized(sent), "the pod as sent to the API server holds no token"
+    assert token not in serialized(pod) and token not in json.dumps(pod.to_dict(), default=str)
+    (secret,) = api.secrets
+    name = lease_secret_name(state)
+    assert (secret.metadata.name, secret.metadata.namespace) == (name, "ml")
+    assert base64.b64decode(secret.data[LEASE_SECRET_KEY]).decode() == token
+    assert [(o.api_version, o.kind, o.name, o.uid) for o in secret.metadata.owner_references] == [
+        ("v1", "Pod", pod.metadata.name, pod.metadata.uid)
+    ], "owned by the created pod (its uid), so Kubernetes deletes it with the pod"
+    assert not secret.metadata.owner_references[0].block_owner_deletion, "would need pods/finalizers rights"
+    assert secret.immutable is True and secret.type == "Opaque"
+    assert secret.metadata.labels[EPOCH_LABEL] == str(state.lease.epoch)
+    assert token not in serialized(secret.metadata), "the name and labels do not give the token away"
+
+    # Every container that gets the stateful env reads the token from that Secret, and only from there.
+    with_state = [
+        c
+        for c in [*(pod.spec.init_containers or []), *pod.spec.containers]
+        if env_of(c).get("STATEFUL_EPOCH")
+    ]
+    assert with_state, "some container runs the client"
+    for container in with_state:
+        (var,) = [v for v in container.env if v.name == LEASE_TOKEN_ENV]
+        assert var.value is None
+        assert (var.value_from.secret_key_ref.name, var.value_from.secret_key_ref.key) == (
+            name,
+            LEASE_SECRET_KEY,
+        )
+
+    # Playing the kubelet: the client container's env resolved from the Secret is enough to save.
+    client = RESTORE_CONTAINER if mode in ("sidecar", "init") else "base"
+    env = api.kubelet_env(pod)[client]
+    assert env[LEASE_TOKEN_ENV] == token
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "model.bin").write_text("trained")
+    saved = run_client(env, "save", str(work))
+    assert saved.returncode == 0, saved.stderr
+    latest = checkpoints_at(state_url, state.identity).latest()
+    assert latest is not None and latest.epoch == state.lease.epoch and token not in saved.stderr
+
+    api.secrets.clear()  # without its Secret the kubelet cannot start the container
+    with pytest.raises(LookupError, match=name):
+        api.kubelet_env(pod)
+
+
+def test_the_pod_waits_for_its_lease_secret_and_a_refused_secret_removes_the_pod(state_url: str) -> None:
+    """The Secret is created after the pod (it needs the pod's uid): until then the kubelet does not start
+    it. If the API refuses the Secret (RBAC), the pod is deleted at once and the error names the fix."""
+    from airflow.sdk.exceptions import AirflowException
+
+    op = make_op()
+    api = PodApi(op, keep_running)
+    op.prepare_state(make_context())
+    pod = op.build_pod_request_obj(make_context())
+    api.manager.create_pod(pod)
+    assert api.read(pod).status.phase == "Pending", "no Secret yet: CreateContainerConfigError, retried"
+    op.create_lease_secret(api.read(pod))
+    assert api.read(pod).status.phase == "Running"
+    op.create_lease_secret(api.read(pod))  # again (a retried create, a reattach): kept, not replaced
+    assert len(api.secrets_ever) == 1
+
+    op2 = make_op()
+    api2 = PodApi(op2, keep_running)
+    forbidden = json.dumps({"kind": "Status", "message": 'secrets is forbidden: User "worker" cannot create'})
+    api2.client.create_namespaced_secret.side_effect = ApiException(status=403, reason="Forbidden")
+    api2.client.create_namespaced_secret.side_effect.body = forbidden
+    with pytest.raises(AirflowException, match=r"HTTP 403 secrets is forbidden.*needs create on secrets"):
+        op2.execute(make_context(try_number=2))
+    assert api2.pods == [] and api2.secrets == [], "the pod that could never start is gone"
+
+
+@pytest.mark.parametrize("path", ["pod fails", "keep_pod"])
+def test_a_failed_or_kept_pod_takes_its_lease_secret_with_it(state_url: str, path: str) -> None:
+    """A failed pod is deleted by KubernetesPodOperator's cleanup and its Secret with it; a kept pod keeps its
+    Secret exactly as long as it exists. The failure message (which holds the remote pod) has no token."""
+    from airflow.sdk.exceptions import AirflowException
+
+    kept = path == "keep_pod"
+    op = make_op(on_finish_action="keep_pod" if kept else "delete_pod")
+    api = PodApi(op, lambda pod, env: "Succeeded" if kept else "Failed")
+    if kept:
+        op.execute(make_context())
+        (pod,) = api.pods
+        assert len(api.secrets) == 1, "the kept pod keeps its Secret"
+        api.manager.delete_pod(pod)  # deleted later, by hand or by a later try
+    else:
+        with pytest.raises(AirflowException, match="returned a failure") as failure:
+            op.execute(make_context())
+        (secret,) = api.secrets_ever
+        assert base64.b64decode(secret.data[LEASE_SECRET_KEY]).decode() not in str(failure.value)
+        assert "remote_pod" in str(failure.value), "KubernetesPodOperator printed the pod spec"
+    assert api.pods == [] and api.secrets == []
+    assert len(api.secrets_ever) == 1
+
+
+def test_execute_reattaches_to_the_running_pod_keeps_its_secret_and_deletes_a_stale_pod_with_its_own(
+    state_url: str,
+) -> None:
     context = make_context(try_number=1)
-    first = make_op()
-    plan = first.prepare_state(context)
-    holder = remote(first.build_pod_request_obj(context), "Running", try_number="1")
-    stale = remote(holder, "Running", **{EPOCH_LABEL: str(plan.lease.epoch - 1)})
-    stale.metadata.name = "old-pod"
+    earlier, first = make_op(), make_op()
+    api = PodApi(earlier, keep_running)
+    api.attach(first)
+    stale_state, stale = start_pod(earlier, context, api)  # fenced by the next pre-start, still running
+    plan, holder = start_pod(first, context, api)
+    assert plan.lease.epoch == stale_state.lease.epoch + 1 and len(api.secrets) == 2
+    holder_secret = api.secret(lease_secret_name(plan), "ml")
+    assert holder_secret is not None
 
     # The worker died; try 2 of the same task instance runs execute on a fresh operator.
     op = make_op()
-    api = PodApi(op, lambda pod: pytest.fail("no new pod may be created while one holds the lease"))
-    api.pods = [holder, stale]
+    api.attach(op)
+    api.play = lambda pod, env: pytest.fail("no new pod may be created while one holds the lease")
+    created_before = api.manager.create_pod.call_count
 
     def finish(pod: k8s.V1Pod, *args: Any, **kwargs: Any) -> k8s.V1Pod:
-        # The reattached pod saves with the epoch it was started with, then completes.
-        env = env_of(base(holder))
+        assert api.pods == [holder] and api.secrets == [holder_secret], (
+            "the stale pod was deleted and its Secret with it; the reattached pod keeps its Secret"
+        )
+        # The reattached pod saves with the epoch and token it was started with, then completes.
+        env = api.kubelet_env(holder)["base"]
         store = checkpoints_at(state_url, plan.identity)
         store.commit(PodSettings.from_env(env).lease(), {"step": 9})
         holder.status.phase = "Succeeded"
         return holder
 
     api.manager.await_pod_completion.side_effect = finish
-    ctx2 = make_context(try_number=2)
-    ref = op.execute(ctx2)
+    ref = op.execute(make_context(try_number=2))
     assert ref["epoch"] == plan.lease.epoch, "no new lease: the running pod kept its epoch"
     assert ref["seq"] is not None
     deleted = [c.args[0].metadata.name for c in api.manager.delete_pod.call_args_list]
-    assert deleted == ["old-pod", holder.metadata.name], "the stale pod first, the finished one at the end"
-    assert api.manager.create_pod.call_count == 0
+    assert deleted == [stale.metadata.name, holder.metadata.name], (
+        "the stale pod first, the finished one last"
+    )
+    assert api.manager.create_pod.call_count == created_before
+    assert len(api.secrets_ever) == 2, "the reattaching try created no Secret of its own"
+    assert api.pods == [] and api.secrets == []
+
+
+def test_reattach_gives_a_pod_whose_worker_died_before_its_secret_the_secret_it_waits_for(
+    state_url: str, tmp_path: Path
+) -> None:
+    first = make_op()
+    api = PodApi(first, keep_running)
+    plan = first.prepare_state(make_context())
+    pod = first.build_pod_request_obj(make_context())
+    api.manager.create_pod(pod)  # ... and the worker died before it created the Secret
+    assert api.read(pod).status.phase == "Pending"
+
+    def save_once(pod: k8s.V1Pod, env: dict[str, dict[str, str]]) -> str:
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "model.bin").write_text("trained")
+        saved = run_client(env["base"], "save", str(work))
+        assert saved.returncode == 0, saved.stderr
+        return "Succeeded"
+
+    op = make_op()
+    api.attach(op)
+    api.play = save_once
+    ref = op.execute(make_context(try_number=2))
+    assert (ref["epoch"], ref["seq"]) == (plan.lease.epoch, 1), "the waiting pod started and saved"
+    (secret,) = api.secrets_ever
+    assert secret.metadata.name == lease_secret_name(plan)
+    assert api.pods == [] and api.secrets == []
 
 
 def test_on_kill_deletes_the_pod_with_its_grace_period_and_keeps_the_lease(state_url: str) -> None:
@@ -577,17 +877,17 @@ def test_on_kill_deletes_the_pod_with_its_grace_period_and_keeps_the_lease(state
 
     op = make_op(termination_grace_period=90)
     context = make_context()
-
-    def killed_while_running(pod: k8s.V1Pod) -> str:
-        return "Running"
-
-    api = PodApi(op, killed_while_running)
+    api = PodApi(op, keep_running)
 
     def stop(pod: k8s.V1Pod, *args: Any, **kwargs: Any) -> k8s.V1Pod:
         op.on_kill()  # SIGTERM to the worker arrives while the pod runs
-        running = api.read(pod)
-        running.status.phase = "Succeeded"  # the client saved on SIGTERM and exited
-        return running
+        terminating = api.read(pod)
+        assert terminating.metadata.deletion_timestamp and len(api.secrets) == 1, (
+            "the pod saves during its grace period: its Secret stays while it exists"
+        )
+        terminating.status.phase = "Succeeded"  # the client saved on SIGTERM and exited
+        api.end_terminating()
+        return terminating
 
     api.manager.await_pod_completion.side_effect = stop
     with pytest.raises(AirflowRescheduleException):
@@ -599,6 +899,7 @@ def test_on_kill_deletes_the_pod_with_its_grace_period_and_keeps_the_lease(state
     assert head is not None and head.lease is not None, (
         "the lease stays: the pod's final save must still commit"
     )
+    assert api.pods == [] and api.secrets == [] and len(api.secrets_ever) == 1
 
 
 def test_the_operator_keeps_the_lease_alive_while_its_pod_computes_for_4x_the_ttl(
@@ -609,16 +910,16 @@ def test_the_operator_keeps_the_lease_alive_while_its_pod_computes_for_4x_the_tt
     monkeypatch.setenv("AIRFLOW__STATEFUL__LEASE_TTL", "1.5")
     monkeypatch.setenv("AIRFLOW__STATEFUL__LEASE_GRACE", "0.5")
     op = make_op(state_mode="init", client_image="example/stateful-client:1")
-    api = PodApi(op, lambda pod: "Running")
+    api = PodApi(op, keep_running)
     work = tmp_path / "pod-state"
 
     def compute_then_save(pod: k8s.V1Pod, *args: Any, **kwargs: Any) -> k8s.V1Pod:
         running = api.read(pod)
-        env = env_of(base(running))
-        assert run_client(env, "restore", str(work)).returncode == 0
+        env = api.kubelet_env(running)
+        assert run_client(env[RESTORE_CONTAINER], "restore", str(work)).returncode == 0
         time.sleep(6)  # 4 x the ttl without any save
         (work / "model.bin").write_text("trained")
-        saved = run_client(env, "save", str(work))
+        saved = run_client(env["base"], "save", str(work))
         assert saved.returncode == 0, saved.stderr
         running.status.phase = "Succeeded"
         return running

@@ -4,10 +4,15 @@ A pod carries three labels: ``stateful-identity`` (which state it writes), ``sta
 epoch it was started with) and ``stateful-run`` (the DAG run it belongs to; a named identity lives across
 runs). The operator finds every pod of an identity by the first, reattaches only to the one that still holds
 the lease for this run, and deletes the others: they are fenced, so stopping them only saves compute.
+
+The pod's lease token is never a literal in the pod spec (which ``get pods``, audit logs, events and the
+provider's debug log of the creation request all show): it is in a Secret of its own, one per pod lease,
+owned by the pod so that Kubernetes deletes it with the pod (:func:`lease_secret`).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
@@ -29,6 +34,9 @@ RESTORE_CONTAINER = "stateful-restore"
 SIDECAR_CONTAINER = "stateful-sidecar"
 STATE_MODES = ("wrap", "sidecar", "init", "env")
 CLIENT_COMMAND = ("python", "-m", "airflow_stateful.client")
+#: The variable the in-pod client reads its lease token from, and the key of the token in the lease Secret.
+LEASE_TOKEN_ENV = "STATEFUL_LEASE_TOKEN"
+LEASE_SECRET_KEY = "lease-token"
 #: Environment names that would put a credential into the pod spec as a literal value.
 SECRET_ENV_NAMES = frozenset({"AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"})
 _TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -140,7 +148,6 @@ class PodState:
             "STATEFUL_IDENTITY": self.identity.key,
             "STATEFUL_BACKEND_URL": self.backend_url,
             "STATEFUL_EPOCH": str(self.lease.epoch),
-            "STATEFUL_LEASE_TOKEN": self.lease.token,
             "STATEFUL_LEASE_TTL": f"{self.lease_ttl:g}",
             "STATEFUL_SCHEMA_VERSION": str(self.schema_version),
             "STATEFUL_KEEP_LAST": str(self.keep_last),
@@ -157,6 +164,7 @@ class PodState:
                 STATEFUL_MAP_INDEX=str(ti.map_index),
             )
         env = [k8s.V1EnvVar(name=k, value=v) for k, v in values.items() if v]
+        env.append(lease_token_env(self))  # from the pod's lease Secret, never a literal value
         if self.region_name:
             env.append(k8s.V1EnvVar(name="AWS_DEFAULT_REGION", value=self.region_name))
         return env
@@ -171,6 +179,70 @@ class PodState:
             "schema_version": latest.schema_version if latest else self.schema_version,
             "image": latest.extra.get("image") if latest else None,
         }
+
+
+def lease_secret_name(state: PodState) -> str:
+    """The name of the Secret that holds ``state``'s lease token: one per pod lease, stable for that lease.
+
+    Derived from the lease alone (identity, epoch, token), so the name is known before the pod is rendered,
+    a retried create recognises its own Secret, and no two leases — not even after an identity's state was
+    wiped and its epochs start again — share one (a pod would otherwise read an old token and be fenced).
+    The token is a random UUID, so 16 hex digits of a hash of it give nothing away.
+    """
+    material = "\0".join((state.identity.key, str(state.lease.epoch), state.lease.token))
+    return f"stateful-lease-e{state.lease.epoch}-{hashlib.sha256(material.encode('utf-8')).hexdigest()[:16]}"
+
+
+def lease_token_env(state: PodState) -> k8s.V1EnvVar:
+    """``STATEFUL_LEASE_TOKEN`` from the pod's lease Secret: the kubelet resolves it when a container starts."""
+    return k8s.V1EnvVar(
+        name=LEASE_TOKEN_ENV,
+        value_from=k8s.V1EnvVarSource(
+            secret_key_ref=k8s.V1SecretKeySelector(name=lease_secret_name(state), key=LEASE_SECRET_KEY)
+        ),
+    )
+
+
+def lease_secret_ref(pod: k8s.V1Pod) -> str | None:
+    """The Secret a (rendered or running) pod reads its lease token from, or ``None`` (no stateful env)."""
+    containers = [*(pod.spec.containers or []), *(pod.spec.init_containers or [])] if pod.spec else []
+    for container in containers:
+        for env in container.env or []:
+            ref = env.value_from.secret_key_ref if env.name == LEASE_TOKEN_ENV and env.value_from else None
+            if ref is not None:
+                return str(ref.name)
+    return None
+
+
+def lease_secret(state: PodState, *, owner: k8s.V1Pod, name: str | None = None) -> k8s.V1Secret:
+    """The Secret holding ``state``'s lease token, owned by the running pod ``owner`` (which has a uid).
+
+    The owner reference makes Kubernetes' garbage collector delete the Secret once the pod is gone, however
+    it goes: deleted after success or failure, by ``on_kill`` (after its grace period: the pod still runs and
+    saves until then), as a stale pod by a later try, or by hand. So it is created right after the pod (the
+    kubelet waits for a missing Secret, retrying, before it starts the containers) and never needs deleting.
+    ``blockOwnerDeletion`` stays unset: setting it would need update rights on ``pods/finalizers``. The
+    Secret is immutable: its token cannot be edited in place under a running pod, and kubelets need not
+    watch it.
+    """
+    meta = owner.metadata
+    if meta is None or not meta.uid or not meta.name:
+        raise InvalidValueError("the lease Secret's owner must be a created pod (with a name and a uid)")
+    return k8s.V1Secret(
+        api_version="v1",
+        kind="Secret",
+        type="Opaque",
+        immutable=True,
+        metadata=k8s.V1ObjectMeta(
+            name=name or lease_secret_name(state),
+            namespace=meta.namespace,
+            labels=state.labels(),
+            owner_references=[
+                k8s.V1OwnerReference(api_version="v1", kind="Pod", name=meta.name, uid=meta.uid)
+            ],
+        ),
+        data={LEASE_SECRET_KEY: base64.b64encode(state.lease.token.encode("utf-8")).decode("ascii")},
+    )
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ checkpoint to this code's ``schema_version`` with the same upgrade rules as stat
 renews the lease while the pod runs; the pod's client renews the same lease too (``STATEFUL_LEASE_TTL``),
 so a worker lost mid-run does not let the lease of a healthy pod lapse. Renewals never change the epoch, so
 the two never fence each other. Credentials reach the pod only through a Kubernetes Secret
-(``credentials_secret``) or workload identity (``service_account_name``), never as literal values.
+(``credentials_secret``) or workload identity (``service_account_name``), never as literal values; the
+lease token reaches it through a Secret the operator creates per pod lease, owned by the pod (so Kubernetes
+deletes it with the pod), which the containers read with ``secretKeyRef``.
 
 This module is the only one that imports the cncf.kubernetes provider (the ``kubernetes`` extra).
 See docs/kubernetes.md.
@@ -20,6 +22,7 @@ See docs/kubernetes.md.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
@@ -31,6 +34,7 @@ from airflow.providers.cncf.kubernetes.backcompat.backwards_compat_converters im
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk.exceptions import AirflowException
 from kubernetes.client import models as k8s
+from kubernetes.client.exceptions import ApiException
 
 from airflow_stateful.core.errors import InvalidValueError
 from airflow_stateful.core.lease import lease_of
@@ -49,6 +53,8 @@ from airflow_stateful.kubernetes.pods import (
     choose_pods,
     has_failed_sidecar,
     identity_label,
+    lease_secret,
+    lease_secret_ref,
     pod_epoch,
     state_parts,
     terminated,
@@ -190,7 +196,11 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
             release_on_close=True,  # the lease is this task instance's: release it when the pod is over
         ).open()
         self.pod = self.pod_request_obj = pod  # KubernetesPodOperator then follows this pod
-        return self._attach(context, hook, session)
+        state = self._attach(context, hook, session)
+        # Normally the pod's Secret exists and is kept (409); if the worker died between creating the pod and
+        # its Secret, the pod is still waiting for it: create it now, from the lease in the head.
+        self.create_lease_secret(pod)
+        return state
 
     # -- the pod ---------------------------------------------------------------------------------------------
     def build_pod_request_obj(self, context: Any | None = None, *, dry_run: bool = False) -> k8s.V1Pod:
@@ -235,9 +245,50 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
         return list(self.client.list_namespaced_pod(namespace=namespace, label_selector=selector).items)
 
     def get_or_create_pod(self, pod_request_obj: k8s.V1Pod, context: Any) -> k8s.V1Pod:
-        """Always create: whether to reattach was decided before the lease was taken (in ``execute``)."""
-        self.pod_manager.create_pod(pod=pod_request_obj)
+        """Create the pod, then its lease Secret, owned by it; whether to reattach was decided in ``execute``.
+
+        The Secret comes second because an owner reference needs the pod's uid; the kubelet does not start a
+        container whose ``secretKeyRef`` is missing, it retries. If the Secret cannot be created the pod is
+        deleted at once: it could never start, and KubernetesPodOperator's cleanup skips a pod it never saw.
+        """
+        created = self.pod_manager.create_pod(pod=pod_request_obj)
+        try:
+            owner = created if created is not None and created.metadata and created.metadata.uid else None
+            self.create_lease_secret(owner or self.pod_manager.read_pod(pod_request_obj))
+        except BaseException:
+            try:
+                self.pod_manager.delete_pod(pod_request_obj)
+            except Exception:
+                log.exception(
+                    "could not delete pod %s, which has no lease Secret", pod_request_obj.metadata.name
+                )
+            raise
         return pod_request_obj
+
+    def create_lease_secret(self, pod: k8s.V1Pod) -> None:
+        """Create the Secret ``pod`` reads its lease token from, owned by ``pod``; keep it if it exists.
+
+        The Secret's name is a function of the lease (and is read from the pod itself), so an existing one
+        (409) holds this very token: a reattaching try, or a retried create, keeps using it. A pod rendered
+        without a lease Secret (by an earlier release, with the token as a literal) needs none.
+        """
+        name = lease_secret_ref(pod)
+        if name is None or self._pod_state is None:
+            return
+        body = lease_secret(self._pod_state, owner=pod, name=name)
+        try:
+            self.client.create_namespaced_secret(namespace=pod.metadata.namespace, body=body)
+        except ApiException as exc:
+            if exc.status != 409:
+                # Not chained: the exception's text is the whole HTTP exchange; the API's message is enough.
+                raise AirflowException(
+                    f"could not create the lease Secret {name} for pod {pod.metadata.name} in namespace "
+                    f"{pod.metadata.namespace}: HTTP {exc.status} {_api_message(exc)}; the worker's service "
+                    "account needs create on secrets there (docs/kubernetes.md)"
+                ) from None
+            log.info("keeping the existing lease Secret %s of pod %s", name, pod.metadata.name)
+        else:
+            log.info("created the lease Secret %s, owned by pod %s", name, pod.metadata.name)
 
     # -- running -----------------------------------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
@@ -322,6 +373,14 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
             self.termination_grace_period,
         )
         super().on_kill()
+
+
+def _api_message(exc: ApiException) -> str:
+    """The ``message`` of the API server's Status answer (it never echoes a Secret's data), else the reason."""
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(exc.reason)
 
 
 PodStatePlan = PodState
