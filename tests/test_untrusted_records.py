@@ -203,3 +203,55 @@ def test_keep_last_is_bounded_so_a_head_stays_readable() -> None:
 
     with pytest.raises(ValueError, match="from 1 to 1000, not 5000"):
         KeepLast(5000)
+
+
+# -- keyed integrity of heads ---------------------------------------------------------------------------------
+KEY = b"0123456789abcdef-this-deployment"
+
+
+def signing(store: ObjectStore, *, required: bool, key: bytes = KEY, key_id: str = "prod-1") -> ObjectStore:
+    from airflow_stateful.core.integrity import HeadSigner
+
+    store.head_signer = HeadSigner(key=key, key_id=key_id, required=required)
+    return store
+
+
+def test_signed_heads_verify_and_a_forged_one_is_refused(store: ObjectStore, tmp_path: Path) -> None:
+    signing(store, required=True)
+    body = seed(store, tmp_path)  # written through the signing store: signed
+    assert body["signature"]["key_id"] == "prod-1" and len(body["signature"]["hmac_sha256"]) == 64
+    assert CheckpointStore(store=store, identity=IDENTITY).latest().value == {"n": 1}  # type: ignore[union-attr]
+    # Someone with write access to the bucket, but not the key: a valid checksum is not enough any more.
+    body["checkpoints"][0]["schema_version"] = 7
+    write_head(store, body)
+    with pytest.raises(CheckpointCorruptError, match=r"signature does not verify with key 'prod-1'"):
+        CheckpointStore(store=store, identity=IDENTITY).latest()
+    del body["signature"]
+    write_head(store, body)
+    with pytest.raises(CheckpointCorruptError, match=r"carries no signature, and this deployment requires"):
+        CheckpointStore(store=store, identity=IDENTITY).latest()
+
+
+def test_signing_is_optional_for_readers_without_the_key_and_when_not_required(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    signing(store, required=True)
+    seed(store, tmp_path)
+    store.head_signer = None  # an older reader, or one without the key: a signed head reads as before
+    assert CheckpointStore(store=store, identity=IDENTITY).latest() is not None
+    signing(store, required=False, key=b"another-key-of-16-bytes", key_id="staging")
+    assert CheckpointStore(store=store, identity=IDENTITY).latest() is not None, "another key id: accepted"
+
+
+def test_the_signing_key_never_shows(store: ObjectStore, tmp_path: Path) -> None:
+    signing(store, required=True)
+    seed(store, tmp_path)
+    assert KEY.decode() not in repr(store.head_signer)
+    for info in store.list_objects(""):
+        assert KEY not in store.get(info.key).data
+    from airflow_stateful.core.errors import ConfigurationError
+    from airflow_stateful.core.integrity import HeadSigner
+
+    with pytest.raises(ConfigurationError, match="at least 16 bytes") as raised:
+        HeadSigner(key=b"short-secret", key_id="x")
+    assert "short-secret" not in str(raised.value)

@@ -55,6 +55,8 @@ class StatefulSettings:
     lease_ttl: float = LEASE_TTL
     lease_grace: float = LEASE_GRACE
     keep_last: int = KEEP_LAST
+    signing_conn_id: str = ""
+    require_signed_heads: bool = False
 
     @classmethod
     def from_options(
@@ -91,6 +93,16 @@ class StatefulSettings:
                 return default
             return parse_int(raw, what=source(option), minimum=minimum, maximum=maximum)
 
+        def boolean(option: str) -> bool:
+            raw = text(option)
+            if raw is None:
+                return False
+            if raw.lower() in ("true", "1", "yes", "on"):
+                return True
+            if raw.lower() in ("false", "0", "no", "off"):
+                return False
+            raise ConfigurationError(f"{source(option)} must be true or false, not {raw!r}")
+
         return cls(
             backend_url=text("backend_url") or default_backend_url,
             # An empty conn_id is meaningful: no connection, boto3's standard credential chain.
@@ -98,4 +110,6 @@ class StatefulSettings:
             lease_ttl=seconds("lease_ttl", LEASE_TTL, minimum=1),
             lease_grace=seconds("lease_grace", LEASE_GRACE, minimum=0),
             keep_last=integer("keep_last", KEEP_LAST, minimum=1, maximum=MAX_KEPT),
+            signing_conn_id=text("signing_conn_id") or "",
+            require_signed_heads=boolean("require_signed_heads"),
         )

@@ -42,7 +42,10 @@ class HeadStore:
         self._lock = threading.RLock()
 
     def _read(self, data: bytes) -> HeadRecord:
-        return HeadRecord.from_bytes(data, key=self.key)
+        return HeadRecord.from_bytes(data, key=self.key, signer=self.store.head_signer)
+
+    def _encode(self, head: HeadRecord) -> bytes:
+        return head.to_bytes(self.store.head_signer)
 
     def load(self) -> tuple[HeadRecord | None, str | None]:
         """The current head and its ETag, or ``(None, None)`` when the identity has never been used."""
@@ -87,7 +90,7 @@ class HeadStore:
                     self.key,
                     stamped,
                     read=self._read,
-                    encode=HeadRecord.to_bytes,
+                    encode=self._encode,
                     start=start,
                     backoff=self.backoff,
                     what="head record",

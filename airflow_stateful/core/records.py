@@ -21,6 +21,7 @@ from typing import Any
 
 from airflow_stateful.core.errors import CheckpointCorruptError, FormatVersionError
 from airflow_stateful.core.fields import Fields
+from airflow_stateful.core.integrity import SIGNATURE_FIELD, HeadSigner
 
 FORMAT_VERSION = 1
 
@@ -261,7 +262,8 @@ class HeadRecord:
     def evolve(self, **changes: Any) -> HeadRecord:
         return replace(self, **changes)
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, signer: HeadSigner | None = None) -> bytes:
+        """The stored form; with ``signer`` it also carries an HMAC of the body (see core/integrity.py)."""
         body: dict[str, Any] = {
             "format": self.format,
             "identity": self.identity,
@@ -271,12 +273,14 @@ class HeadRecord:
             "checkpoints": [c.to_json() for c in self.checkpoints],
             "updated_at": self.updated_at,
         }
-        # A self-checksum: a bit flip in the one mutable object must not go unnoticed.
+        if signer is not None:
+            body[SIGNATURE_FIELD] = signer.sign(canonical_json(body))
+        # A self-checksum (over the signature too): a bit flip in the one mutable object must not go unnoticed.
         body["checksum"] = sha256_hex(canonical_json(body))
         return canonical_json(body) + b"\n"
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, key: str) -> HeadRecord:
+    def from_bytes(cls, data: bytes, *, key: str, signer: HeadSigner | None = None) -> HeadRecord:
         """Parse and check a head read from ``key`` (``<identity>/~head.json``): JSON, format, checksum, then
         every field typed and bounded. Anything else raises CheckpointCorruptError naming the key."""
         what = f"head record {key!r}"
@@ -303,6 +307,9 @@ class HeadRecord:
                 f"{what} does not match its checksum; it was altered or damaged. "
                 "Do not write to this identity until it is inspected (`airflow-stateful show`)."
             )
+        signature = body.pop(SIGNATURE_FIELD, None)
+        if signer is not None:
+            signer.verify(signature, canonical_json(body), what=what)
         identity = key[: -len(HEAD_NAME) - 1] if key.endswith(f"/{HEAD_NAME}") else key
         f = Fields(body, what=what)
         f.equal("identity", identity)
