@@ -132,6 +132,29 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "60",
                         "default": str(config.LEASE_GRACE),
                     },
+                    "signing_conn_id": {
+                        "description": (
+                            "Airflow connection whose password is a key (16 bytes or more) used to sign every "
+                            "head record this deployment writes (HMAC-SHA256) and to verify every head it "
+                            "reads; its extra may name the key (key_id, default: the connection id). Empty: "
+                            "heads are not signed. Any secrets backend can hold the connection."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "stateful_signing",
+                        "default": "",
+                    },
+                    "require_signed_heads": {
+                        "description": (
+                            "With signing_conn_id: refuse heads that carry no signature by this deployment's "
+                            "key (written before signing was turned on, by a writer without the key, or "
+                            "forged by someone who can write to the bucket)."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
+                    },
                     "keep_last": {
                         "description": "How many committed checkpoints each identity keeps (at least 1).",
                         "version_added": _ADDED,
