@@ -325,3 +325,194 @@ def test_the_sidecar_renews_saves_periodically_and_once_more_on_sigterm(pod: dic
     assert head is not None and head.lease is not None and head.lease.token == lease.token, (
         "the sidecar renews but never releases the operator's lease"
     )
+
+
+# -- S3 options: the pod writes with the connection's encryption and expected owner ---------------------------
+KMS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1b1b1b1b-2c2c-3d3d-4e4e-5f5f5f5f5f5f"
+OWNER = "123456789012"  # moto's default account
+
+
+def _heads(endpoint: S3Endpoint, prefix: str) -> dict[str, dict[str, object]]:
+    client = endpoint.client()
+    listing = client.list_objects_v2(Bucket=endpoint.bucket, Prefix=f"{prefix}/").get("Contents", [])
+    return {o["Key"]: client.head_object(Bucket=endpoint.bucket, Key=o["Key"]) for o in listing}
+
+
+def test_the_pod_is_told_the_connections_s3_options_and_writes_with_them(
+    s3_endpoint: S3Endpoint, s3_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connection -> StateHook.s3_options() -> PodState.env() -> PodSettings -> the pod's store, for real.
+
+    Only the non-secret options travel (no key, token or proxy password in the pod spec), and the pod's
+    session writes every object with SSE-KMS and sends the expected owner with every request.
+    """
+    if s3_endpoint.kind != "moto":
+        pytest.skip("a made-up KMS key and account: moto only")
+    from airflow_stateful.client.pod import pod_session
+    from airflow_stateful.client.pod import save as pod_save
+    from airflow_stateful.client.settings import PodSettings
+    from airflow_stateful.hooks.state import StateHook
+    from airflow_stateful.kubernetes.pods import PodState, pod_s3_fields
+
+    secrets = {"password": "pw-secret-1f2e", "token": "token-secret-9a8b", "proxy": "proxy-secret-7c6d"}
+    conn = {
+        "conn_type": "aws",
+        "login": s3_endpoint.credentials["aws_access_key_id"],
+        "password": secrets["password"],  # moto accepts any secret key
+        "extra": {
+            "region_name": s3_endpoint.region,
+            "aws_session_token": secrets["token"],
+            "verify": False,
+            "config_kwargs": {
+                "retries": {"mode": "standard", "max_attempts": 7},
+                "connect_timeout": 5,
+                "proxies": {"https": f"http://user:{secrets['proxy']}@proxy.internal:3128"},
+            },
+            "addressing_style": "path",
+            "service_config": {
+                "s3": {
+                    "endpoint_url": s3_endpoint.endpoint_url,
+                    "extra_args": {
+                        "ServerSideEncryption": "aws:kms",
+                        "SSEKMSKeyId": KMS_KEY,
+                        "BucketKeyEnabled": True,
+                        "ExpectedBucketOwner": OWNER,
+                    },
+                }
+            },
+        },
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_STATEFUL_POD_S3", json.dumps(conn))
+    backend = f"s3://{s3_endpoint.bucket}/{s3_prefix}"
+    options = StateHook(backend_url=backend, conn_id="stateful_pod_s3").s3_options()
+    identity = Identity.for_task(dag_id="train", task_id="fit", run_id="manual__1")
+    checkpoints = CheckpointStore(store=store_from_url(backend, **s3_endpoint.options()), identity=identity)
+    lease = checkpoints.acquire()
+    state = PodState(
+        identity=identity,
+        lease=lease,
+        run_id="manual__1",
+        backend_url=backend,
+        keep_last=3,
+        lease_ttl=600,
+        schema_version=1,
+        **pod_s3_fields(options),
+    )
+    env_vars = state.env(image="example/train:1.2")
+    rendered = json.dumps([e.to_dict() for e in env_vars])
+    assert not any(secret in rendered for secret in secrets.values()), "no secret in the pod spec"
+    literal = {e.name: e.value for e in env_vars if e.value is not None}
+    assert {k: v for k, v in literal.items() if k.startswith("STATEFUL_S3_")} == {
+        "STATEFUL_S3_ENDPOINT_URL": s3_endpoint.endpoint_url,
+        "STATEFUL_S3_SERVER_SIDE_ENCRYPTION": "aws:kms",
+        "STATEFUL_S3_SSE_KMS_KEY_ID": KMS_KEY,
+        "STATEFUL_S3_BUCKET_KEY_ENABLED": "true",
+        "STATEFUL_S3_EXPECTED_BUCKET_OWNER": OWNER,
+        "STATEFUL_S3_VERIFY": "false",
+        "STATEFUL_S3_CONFIG_KWARGS": json.dumps(
+            {
+                "connect_timeout": 5,
+                "retries": {"max_attempts": 7, "mode": "standard"},
+                "s3": {"addressing_style": "path"},
+            },
+            sort_keys=True,
+        ),
+    }
+    settings = PodSettings.from_env({**literal, "STATEFUL_LEASE_TOKEN": lease.token})
+    assert settings.store_options() == {
+        "endpoint_url": s3_endpoint.endpoint_url,
+        "server_side_encryption": "aws:kms",
+        "sse_kms_key_id": KMS_KEY,
+        "bucket_key_enabled": True,
+        "expected_bucket_owner": OWNER,
+        "verify": False,
+        "config_kwargs": {
+            "connect_timeout": 5,
+            "retries": {"max_attempts": 7, "mode": "standard"},
+            "s3": {"addressing_style": "path"},
+        },
+    }
+
+    # The pod's own credentials: boto3's chain (here AWS_* variables, as a credentials_secret would give).
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_endpoint.credentials["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_endpoint.credentials["aws_secret_access_key"])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", s3_endpoint.region)
+    work = tmp_path / "work"
+    (work / "model").mkdir(parents=True)
+    (work / "model" / "weights.bin").write_bytes(os.urandom(1024))
+    (work / ".stateful-value.json").write_text(json.dumps({"epoch": 3}))
+    sent: list[dict[str, str]] = []
+    with pod_session(settings, heartbeat=False) as session:
+        client = session.checkpoints.store.client  # type: ignore[attr-defined]
+        client.meta.events.register(
+            "before-send",
+            lambda request, event_name, **_: sent.append(
+                {
+                    "op": event_name,
+                    **{
+                        k.lower(): v.decode() if isinstance(v, bytes) else v
+                        for k, v in request.headers.items()
+                    },
+                }
+            ),
+        )
+        pod_save(session, work)
+    assert sent and all(s.get("x-amz-expected-bucket-owner") == OWNER for s in sent), sent
+    heads = _heads(s3_endpoint, s3_prefix)
+    assert len(heads) == 3, heads.keys()  # head, manifest, data file
+    for key, head in heads.items():
+        assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == ("aws:kms", KMS_KEY), key
+    assert checkpoints.latest().value == {"epoch": 3}  # type: ignore[union-attr]
+
+
+def test_a_pod_saves_with_the_encryption_it_is_told(pod: dict[str, object], s3_endpoint: S3Endpoint) -> None:
+    checkpoints: CheckpointStore = pod["checkpoints"]  # type: ignore[assignment]
+    tmp: Path = pod["tmp"]  # type: ignore[assignment]
+    work = tmp / "sse"
+    work.mkdir()
+    (work / "weights.bin").write_bytes(b"w")
+    env = {**leased_env(pod, checkpoints.acquire()), "STATEFUL_S3_SERVER_SIDE_ENCRYPTION": "AES256"}
+    result = subprocess.run(
+        [sys.executable, "-m", "airflow_stateful.client", "save", str(work)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    prefix = checkpoints.store.url.split("/", 3)[3]
+    heads = _heads(s3_endpoint, prefix)
+    assert len(heads) == 3
+    assert {h.get("ServerSideEncryption") for h in heads.values()} == {"AES256"}
+
+
+def test_a_pod_with_bad_s3_options_fails_before_writing(pod: dict[str, object]) -> None:
+    checkpoints: CheckpointStore = pod["checkpoints"]  # type: ignore[assignment]
+    tmp: Path = pod["tmp"]  # type: ignore[assignment]
+    (tmp / "weights.bin").write_bytes(b"w")
+    lease = checkpoints.acquire()
+    for variables, message in (
+        (
+            {"STATEFUL_S3_SERVER_SIDE_ENCRYPTION": "aws:kmz"},
+            "STATEFUL_S3_SERVER_SIDE_ENCRYPTION must be one of AES256, aws:kms, aws:kms:dsse, not 'aws:kmz'",
+        ),
+        (
+            {"STATEFUL_S3_SSE_KMS_KEY_ID": "alias/k"},
+            "STATEFUL_S3_SSE_KMS_KEY_ID 'alias/k' needs STATEFUL_S3_SERVER_SIDE_ENCRYPTION aws:kms",
+        ),
+        ({"STATEFUL_S3_VERIFY": "maybe"}, "STATEFUL_S3_VERIFY: the CA bundle 'maybe' does not exist"),
+        (
+            {"STATEFUL_S3_CONFIG_KWARGS": '{"retry": 1}'},
+            "STATEFUL_S3_CONFIG_KWARGS has the unknown key(s) 'retry'",
+        ),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "airflow_stateful.client", "save", str(tmp)],
+            env={**leased_env(pod, lease), **variables},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr
+    assert checkpoints.latest() is None

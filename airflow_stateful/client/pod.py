@@ -57,10 +57,9 @@ def writer_from_env(env: dict[str, str] | None = None) -> WriterInfo:
 @contextmanager
 def pod_session(settings: PodSettings, *, heartbeat: bool) -> Iterator[WriterSession]:
     """The pod's writer session on the operator's lease; the store is closed afterwards."""
-    options = {"endpoint_url": settings.endpoint_url} if settings.endpoint_url else {}
-    store = store_from_url(
-        settings.backend_url, **(options if settings.backend_url.startswith("s3://") else {})
-    )
+    # Encryption, KMS key, expected owner, TLS and botocore settings as the operator's connection has them
+    # (STATEFUL_S3_*); credentials from boto3's chain.
+    store = store_from_url(settings.backend_url, **settings.store_options())
     checkpoints = CheckpointStore(
         store=store, identity=settings.identity, keep_last=settings.keep_last, lease_ttl=settings.lease_ttl
     )

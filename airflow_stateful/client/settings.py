@@ -4,16 +4,51 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from airflow_stateful.core.config import StatefulSettings, parse_int
 from airflow_stateful.core.errors import ConfigurationError
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import Lease
 from airflow_stateful.core.records import WriterInfo
+from airflow_stateful.core.stores.s3_options import (
+    check_request_args,
+    parse_bool,
+    parse_config_kwargs,
+    parse_verify,
+)
 
 VALUE_FILE = ".stateful-value.json"
 _REQUIRED = ("STATEFUL_IDENTITY", "STATEFUL_BACKEND_URL", "STATEFUL_EPOCH", "STATEFUL_LEASE_TOKEN")
+
+
+def _s3_env(option: str) -> str:
+    return f"STATEFUL_S3_{option.upper()}"
+
+
+def s3_options_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The S3 store options in ``STATEFUL_S3_*`` (what ``PodState.env()`` renders), checked, by option name.
+
+    Credentials are not among them: the pod's boto3 finds its own (workload identity, ``credentials_secret``).
+    An error names the variable and its value, before anything is written.
+    """
+    options: dict[str, Any] = {}
+    for option in ("endpoint_url", "server_side_encryption", "sse_kms_key_id", "expected_bucket_owner"):
+        if env.get(_s3_env(option)):
+            options[option] = env[_s3_env(option)]
+    if env.get(_s3_env("bucket_key_enabled")):
+        options["bucket_key_enabled"] = parse_bool(
+            env[_s3_env("bucket_key_enabled")], what=_s3_env("bucket_key_enabled")
+        )
+    if env.get(_s3_env("verify")):
+        options["verify"] = parse_verify(env[_s3_env("verify")], what=_s3_env("verify"))
+    if env.get(_s3_env("config_kwargs")):
+        options["config_kwargs"] = parse_config_kwargs(
+            env[_s3_env("config_kwargs")], what=_s3_env("config_kwargs")
+        )
+    check_request_args(options, source=_s3_env)
+    return options
 
 
 def _int(env: Mapping[str, str], name: str, *, default: int | None = None, minimum: int = 1) -> int:
@@ -39,6 +74,8 @@ class PodSettings:
     keep_last: int
     lease_ttl: float
     endpoint_url: str | None
+    s3: Mapping[str, Any] = field(default_factory=dict)
+    """The S3 store options from ``STATEFUL_S3_*`` (see :func:`s3_options_from_env`), ``endpoint_url`` included."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PodSettings:
@@ -63,7 +100,12 @@ class PodSettings:
             keep_last=shared.keep_last,
             lease_ttl=shared.lease_ttl,
             endpoint_url=env.get("STATEFUL_S3_ENDPOINT_URL") or None,
+            s3=s3_options_from_env(env) if env["STATEFUL_BACKEND_URL"].startswith("s3://") else {},
         )
+
+    def store_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``store_from_url(self.backend_url, ...)``: the S3 options, none for a directory."""
+        return dict(self.s3)
 
     def lease(self) -> Lease:
         """The lease the operator took for this pod: every commit presents its epoch and token."""

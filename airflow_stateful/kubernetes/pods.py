@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from airflow_stateful.core.errors import InvalidValueError
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import Lease
 from airflow_stateful.core.records import HeadRecord, Manifest
+from airflow_stateful.core.stores.s3_options import pod_config_kwargs
 
 IDENTITY_LABEL = "stateful-identity"
 EPOCH_LABEL = "stateful-epoch"
@@ -121,6 +123,32 @@ def choose_pods(
     return chosen, [p for p in live if p is not chosen]
 
 
+def pod_s3_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`PodState` S3 fields from ``StateHook.s3_options()``: what a pod may be told, nothing else.
+
+    Picked by name, so no credential (keys, session token) and no role can slip through: the pod gets its
+    credentials from boto3's chain (workload identity or ``credentials_secret``), never from the operator.
+    The pod must write as the workers do, so it gets the encryption, the KMS key id, the bucket-key flag, the
+    expected owner, the endpoint and region, the botocore settings that describe the bucket (retries,
+    timeouts, addressing style), and ``verify=False`` if the connection turned TLS verification off. Not
+    given: a CA bundle path (a file on the worker, not in the pod's image: set ``AWS_CA_BUNDLE`` in the pod),
+    proxies (a proxy URL may hold a password; pods use ``HTTPS_PROXY``), ``profile_name`` and ``role_arn``.
+    """
+    config = pod_config_kwargs(
+        options.get("config_kwargs") or {}, addressing_style=options.get("addressing_style")
+    )
+    return {
+        "endpoint_url": options.get("endpoint_url"),
+        "region_name": options.get("region_name"),
+        "server_side_encryption": options.get("server_side_encryption"),
+        "sse_kms_key_id": options.get("sse_kms_key_id"),
+        "bucket_key_enabled": options.get("bucket_key_enabled"),
+        "expected_bucket_owner": options.get("expected_bucket_owner"),
+        "verify": False if options.get("verify") is False else None,
+        "config_kwargs": config or None,
+    }
+
+
 @dataclass(frozen=True)
 class PodState:
     """What the pod is told: the identity, the lease it writes with, where the state lives, how to renew."""
@@ -134,6 +162,13 @@ class PodState:
     schema_version: int
     endpoint_url: str | None = None
     region_name: str | None = None
+    server_side_encryption: str | None = None
+    sse_kms_key_id: str | None = None
+    bucket_key_enabled: bool | None = None
+    expected_bucket_owner: str | None = None
+    verify: bool | None = None
+    """Only ``False`` reaches the pod (``STATEFUL_S3_VERIFY``); see :func:`pod_s3_fields`."""
+    config_kwargs: Mapping[str, Any] | None = None
 
     def labels(self) -> dict[str, str]:
         return {
@@ -143,7 +178,12 @@ class PodState:
         }
 
     def env(self, *, image: str | None, context: Any | None = None) -> list[k8s.V1EnvVar]:
-        """The ``STATEFUL_*`` variables the in-pod client reads (no credentials among them)."""
+        """The ``STATEFUL_*`` variables the in-pod client reads (no credentials among them).
+
+        The S3 settings are ``STATEFUL_S3_<OPTION>`` (read back by
+        :class:`~airflow_stateful.client.settings.PodSettings`), so the pod writes with the same encryption and
+        expected owner as the workers.
+        """
         values: dict[str, str | None] = {
             "STATEFUL_IDENTITY": self.identity.key,
             "STATEFUL_BACKEND_URL": self.backend_url,
@@ -152,6 +192,19 @@ class PodState:
             "STATEFUL_SCHEMA_VERSION": str(self.schema_version),
             "STATEFUL_KEEP_LAST": str(self.keep_last),
             "STATEFUL_S3_ENDPOINT_URL": self.endpoint_url,
+            "STATEFUL_S3_SERVER_SIDE_ENCRYPTION": self.server_side_encryption,
+            "STATEFUL_S3_SSE_KMS_KEY_ID": self.sse_kms_key_id,
+            "STATEFUL_S3_BUCKET_KEY_ENABLED": (
+                None if self.bucket_key_enabled is None else str(self.bucket_key_enabled).lower()
+            ),
+            "STATEFUL_S3_EXPECTED_BUCKET_OWNER": self.expected_bucket_owner,
+            "STATEFUL_S3_VERIFY": "false" if self.verify is False else None,
+            # Filtered again here: a proxy URL (which may hold a password) never reaches the pod spec.
+            "STATEFUL_S3_CONFIG_KWARGS": (
+                json.dumps(pod_config_kwargs(self.config_kwargs), sort_keys=True)
+                if self.config_kwargs
+                else None
+            ),
             "STATEFUL_IMAGE": image,
         }
         if context is not None:

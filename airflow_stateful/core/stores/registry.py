@@ -16,8 +16,13 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 def store_from_url(url: str, **options: Any) -> ObjectStore:
     """Open the store a backend URL names.
 
-    ``options`` go to the store's constructor (for S3: ``endpoint_url``, ``region_name``, credentials,
-    ``client``; for a directory: ``fsync``). Without credentials, S3 uses boto3's standard chain.
+    ``options`` go to the store's constructor. For S3 (:class:`~airflow_stateful.core.stores.s3.S3ObjectStore`):
+    ``endpoint_url``, ``region_name``, credentials, ``profile_name``, ``role_arn``/``assume_role_kwargs``/
+    ``sts_endpoint_url``, ``verify``, ``config_kwargs``, ``server_side_encryption``, ``sse_kms_key_id``,
+    ``bucket_key_enabled``, ``expected_bucket_owner`` or a ready ``client``; every one is checked before the
+    first request. For a directory: ``fsync``. Without credentials, S3 uses boto3's standard chain.
+    S3 options given for a ``file://`` URL are an error, not ignored: encryption or an expected owner that
+    silently did nothing would be worse.
     """
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"backend_url must be a non-empty string, not {url!r}")
@@ -34,6 +39,11 @@ def store_from_url(url: str, **options: Any) -> ObjectStore:
             )
         from airflow_stateful.core.stores.local import LocalObjectStore
 
+        s3_only = sorted(set(options) - {"fsync"})
+        if s3_only:
+            raise ConfigurationError(
+                f"backend_url {url!r} is a local directory; the S3 option(s) {', '.join(s3_only)} do not apply"
+            )
         return LocalObjectStore(root=path, **options)
     if parsed.scheme == "s3":
         rest = url[len("s3://") :] if url.lower().startswith("s3://") else parsed.netloc + parsed.path

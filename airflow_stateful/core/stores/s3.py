@@ -9,7 +9,14 @@ Large files are streamed: the file is read once, in order, hashing every part as
 part_size`` whatever the file size. Downloads fetch ranges in parallel and hash them in order.
 
 Only boto3 is needed (this module also runs inside Kubernetes pods without Airflow). Credentials come from
-the arguments (an Airflow connection, resolved by the caller) or from boto3's standard chain.
+the arguments (an Airflow connection, resolved by the caller), a profile, an assumed role, or boto3's standard
+chain (:mod:`~airflow_stateful.core.stores.s3_session`).
+
+Enterprise buckets: every object this store writes carries the configured server-side encryption (SSE-S3 or
+SSE-KMS with a key id and bucket key; multipart parts inherit it from ``CreateMultipartUpload``), and every
+request carries ``ExpectedBucketOwner`` when one is configured, so a bucket name that now belongs to another
+account is refused by S3 instead of receiving the checkpoints. The options are checked when the store is
+built, before any request (:mod:`~airflow_stateful.core.stores.s3_options`); none of them costs a request.
 """
 
 from __future__ import annotations
@@ -38,6 +45,14 @@ from airflow_stateful.core.stores.base import (
     StoredFile,
     too_large,
 )
+from airflow_stateful.core.stores.s3_options import (
+    botocore_config,
+    check_assume_role,
+    check_config_kwargs,
+    check_encryption,
+    check_expected_bucket_owner,
+    check_verify,
+)
 from airflow_stateful.core.stores.verify import VerifiedFileWriter, copy_verified
 
 if TYPE_CHECKING:
@@ -48,6 +63,7 @@ MAX_PARTS = 10_000
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _LOST_CONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _ACCESS = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "403"}
+_KMS = "KMS."
 
 
 def _client_error_code(exc: Exception) -> str | None:
@@ -62,10 +78,27 @@ class S3ObjectStore(ObjectStore):
 
     :param bucket: the bucket; it must exist.
     :param prefix: key prefix inside the bucket (no leading or trailing ``/`` needed).
-    :param client: a ready boto3 S3 client; when omitted one is built from the arguments below and
-        boto3's standard credential chain.
+    :param client: a ready boto3 S3 client. When given, the credential, endpoint, TLS and botocore arguments
+        below are ignored (encryption and the expected owner still apply); when omitted, a client is built
+        from them, falling back to boto3's standard credential chain.
     :param endpoint_url: an S3-compatible endpoint (MinIO, moto, ...); ``None`` for AWS.
-    :param addressing_style: ``"path"`` or ``"virtual"``; default ``"path"`` with a custom endpoint.
+    :param profile_name: a profile of the AWS config/credentials files, the source of credentials.
+    :param role_arn: a role to assume (STS ``AssumeRole``) with the source credentials; its temporary
+        credentials are renewed before they expire.
+    :param assume_role_kwargs: more ``AssumeRole`` arguments: ``RoleSessionName``, ``ExternalId``,
+        ``DurationSeconds``, ``Policy``, ``PolicyArns``, ``Tags``, ``TransitiveTagKeys``, ``SourceIdentity``.
+    :param sts_endpoint_url: where STS is (the amazon provider's ``service_config.sts.endpoint_url``).
+    :param verify: TLS verification: ``True``/``None`` (default), ``False``, or the path of a CA bundle.
+    :param config_kwargs: botocore ``Config`` options (retries, timeouts, ``s3.addressing_style``, proxies,
+        pool size, ...), merged with the store's own needs; see
+        :func:`~airflow_stateful.core.stores.s3_options.botocore_config`.
+    :param addressing_style: ``"path"``, ``"virtual"`` or ``"auto"``; default ``"path"`` with a custom
+        endpoint. ``config_kwargs={"s3": {"addressing_style": ...}}`` says the same the amazon provider's way.
+    :param server_side_encryption: ``"AES256"`` (SSE-S3), ``"aws:kms"`` (SSE-KMS) or ``"aws:kms:dsse"``, set
+        on every object written; ``None`` leaves it to the bucket's default encryption.
+    :param sse_kms_key_id: the KMS key (id, ARN or alias) for SSE-KMS; default: the AWS-managed ``aws/s3``.
+    :param bucket_key_enabled: use an S3 bucket key with SSE-KMS (fewer KMS requests, lower cost).
+    :param expected_bucket_owner: the 12-digit account that must own the bucket; sent with every request.
     :param part_size: multipart part size; also the threshold above which files go multipart.
     :param max_concurrency: parts in flight at once, for uploads and downloads.
     """
@@ -81,7 +114,17 @@ class S3ObjectStore(ObjectStore):
         aws_access_key_id: str | None = None,
         aws_secret_access_key: str | None = None,
         aws_session_token: str | None = None,
+        profile_name: str | None = None,
+        role_arn: str | None = None,
+        assume_role_kwargs: dict[str, Any] | None = None,
+        sts_endpoint_url: str | None = None,
+        verify: bool | str | None = None,
+        config_kwargs: dict[str, Any] | None = None,
         addressing_style: str | None = None,
+        server_side_encryption: str | None = None,
+        sse_kms_key_id: str | None = None,
+        bucket_key_enabled: bool | None = None,
+        expected_bucket_owner: str | None = None,
         part_size: int = 8 * MIB,
         max_concurrency: int = 4,
     ) -> None:
@@ -89,30 +132,42 @@ class S3ObjectStore(ObjectStore):
             raise ValueError(f"part_size must be at least 5 MiB (S3's minimum), not {part_size}")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
+        # Every option is checked before the client exists: bad input never reaches S3.
+        self._owner: dict[str, Any] = dict(check_expected_bucket_owner(expected_bucket_owner))
+        # Every write (PutObject, CreateMultipartUpload) carries both; every other request carries the owner.
+        self._write_args: dict[str, Any] = {
+            **check_encryption(server_side_encryption, sse_kms_key_id, bucket_key_enabled),
+            **self._owner,
+        }
+        self.server_side_encryption = server_side_encryption
+        self.sse_kms_key_id = sse_kms_key_id
+        self.expected_bucket_owner = expected_bucket_owner
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.part_size = part_size
         self.max_concurrency = max_concurrency
         self.endpoint_url = endpoint_url
         if client is None:
-            import boto3
-            from botocore.config import Config
+            from airflow_stateful.core.stores.s3_session import s3_client
 
-            style = addressing_style or ("path" if endpoint_url else "auto")
-            session = boto3.session.Session(
+            assume_role = check_assume_role(role_arn, assume_role_kwargs)
+            config = botocore_config(
+                check_config_kwargs(config_kwargs),
+                addressing_style=addressing_style,
+                endpoint_url=endpoint_url,
+                min_pool_connections=max(10, max_concurrency * 2),
+            )
+            client = s3_client(
+                config=config,
+                endpoint_url=endpoint_url,
+                region_name=region_name,
                 aws_access_key_id=aws_access_key_id,
                 aws_secret_access_key=aws_secret_access_key,
                 aws_session_token=aws_session_token,
-                region_name=region_name,
-            )
-            client = session.client(
-                "s3",
-                endpoint_url=endpoint_url,
-                config=Config(
-                    max_pool_connections=max(10, max_concurrency * 2),
-                    retries={"mode": "standard", "max_attempts": 5},
-                    s3=cast(Any, {"addressing_style": style}),
-                ),
+                profile_name=profile_name,
+                assume_role=assume_role,
+                sts_endpoint_url=sts_endpoint_url,
+                verify=check_verify(verify),
             )
         self.client = client
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
@@ -156,9 +211,19 @@ class S3ObjectStore(ObjectStore):
                 "create it or fix backend_url."
             )
         if code in _ACCESS:
+            owner = (
+                f", and that account {self.expected_bucket_owner} owns the bucket (expected_bucket_owner)"
+                if self.expected_bucket_owner
+                else ""
+            )
             return StoreError(
                 f"access to {where} was denied ({code}); check the credentials of the connection "
-                "or the AWS credential chain, and the bucket policy."
+                f"or the AWS credential chain (and the role it assumes), the bucket policy{owner}."
+            )
+        if code is not None and code.startswith(_KMS):
+            return StoreError(
+                f"S3 could not use the KMS key of {where} ({code}); check sse_kms_key_id and that the key "
+                "policy lets these credentials use it (kms:GenerateDataKey to write, kms:Decrypt to read)."
             )
         if code == "NotImplemented":
             return StoreError(
@@ -173,7 +238,7 @@ class S3ObjectStore(ObjectStore):
     # -- interface -----------------------------------------------------------------------------------------
     def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
         try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **self._owner)
             body = response["Body"]
             if max_bytes is None:
                 data = body.read()
@@ -201,7 +266,9 @@ class S3ObjectStore(ObjectStore):
         elif if_match is not None:
             kwargs["IfMatch"] = if_match
         try:
-            response = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **kwargs)
+            response = self.client.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=data, **kwargs, **self._write_args
+            )
         except Exception as exc:
             error = self._translate(exc, key, conditional=bool(kwargs))
             if if_none_match and isinstance(error, PreconditionFailedError):
@@ -236,7 +303,7 @@ class S3ObjectStore(ObjectStore):
             # Declaring CRC32 (as s3transfer does) lets the server verify each part and, on moto, spares a
             # full re-read of the object at completion; see docs/performance.md.
             upload_id = self.client.create_multipart_upload(
-                Bucket=self.bucket, Key=full_key, ChecksumAlgorithm="CRC32"
+                Bucket=self.bucket, Key=full_key, ChecksumAlgorithm="CRC32", **self._write_args
             )["UploadId"]
         except Exception as exc:
             raise self._translate(exc, key) from exc
@@ -252,6 +319,7 @@ class S3ObjectStore(ObjectStore):
                 PartNumber=number,
                 Body=chunk,
                 ChecksumAlgorithm="CRC32",
+                **self._owner,
             )
             parts[number] = {"ETag": response["ETag"], "ChecksumCRC32": response.get("ChecksumCRC32", "")}
             if progress:
@@ -281,7 +349,9 @@ class S3ObjectStore(ObjectStore):
                     future.exception()
             # The original error matters more than a failed abort; GC removes what is left.
             with contextlib.suppress(Exception):
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
+                self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=full_key, UploadId=upload_id, **self._owner
+                )
             if isinstance(exc, Exception):
                 raise self._translate(exc, key, conditional=True) from exc
             raise
@@ -303,6 +373,7 @@ class S3ObjectStore(ObjectStore):
                     },
                 ),
                 IfNoneMatch="*",
+                **self._owner,
             )
         except Exception as exc:
             if _client_error_code(exc) not in _LOST_CONDITION | {"NoSuchUpload"}:
@@ -312,7 +383,7 @@ class S3ObjectStore(ObjectStore):
             md5s = b"".join(bytes.fromhex(parts[n]["ETag"].strip('"')) for n in sorted(parts))
             expected = f'"{hashlib.md5(md5s, usedforsecurity=False).hexdigest()}-{len(parts)}"'
             try:
-                actual = self.client.head_object(Bucket=self.bucket, Key=full_key)["ETag"]
+                actual = self.client.head_object(Bucket=self.bucket, Key=full_key, **self._owner)["ETag"]
             except Exception:
                 raise exc from None
             if actual != expected:
@@ -330,7 +401,7 @@ class S3ObjectStore(ObjectStore):
         full_key = self._key(key)
         if size <= self.part_size:
             try:
-                body = self.client.get_object(Bucket=self.bucket, Key=full_key)["Body"]
+                body = self.client.get_object(Bucket=self.bucket, Key=full_key, **self._owner)["Body"]
             except Exception as exc:
                 raise self._translate(exc, key) from exc
             copy_verified(body, dest, key=key, where=self.url, size=size, sha256=sha256, progress=progress)
@@ -339,7 +410,7 @@ class S3ObjectStore(ObjectStore):
         def fetch(start: int, end: int) -> bytes:
             try:
                 response = self.client.get_object(
-                    Bucket=self.bucket, Key=full_key, Range=f"bytes={start}-{end}"
+                    Bucket=self.bucket, Key=full_key, Range=f"bytes={start}-{end}", **self._owner
                 )
             except Exception as exc:
                 if _client_error_code(exc) == "InvalidRange":
@@ -384,7 +455,7 @@ class S3ObjectStore(ObjectStore):
         strip = len(self.prefix) + 1 if self.prefix else 0
         paginator = self.client.get_paginator("list_objects_v2")
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix, **self._owner):
                 for obj in page.get("Contents", []):
                     yield ObjectInfo(
                         key=obj["Key"][strip:], size=obj["Size"], last_modified=obj["LastModified"]
@@ -395,7 +466,7 @@ class S3ObjectStore(ObjectStore):
     def delete(self, key: str, *, if_match: str | None = None) -> None:
         kwargs: dict[str, Any] = {"IfMatch": if_match} if if_match is not None else {}
         try:
-            self.client.delete_object(Bucket=self.bucket, Key=self._key(key), **kwargs)
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key), **kwargs, **self._owner)
         except Exception as exc:
             raise self._translate(exc, key, conditional=if_match is not None) from exc
 
@@ -412,7 +483,9 @@ class S3ObjectStore(ObjectStore):
     def _delete_batch(self, full_keys: list[str]) -> None:
         try:
             response = self.client.delete_objects(
-                Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in full_keys], "Quiet": True}
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": k} for k in full_keys], "Quiet": True},
+                **self._owner,
             )
         except Exception as exc:
             raise self._translate(exc, full_keys[0]) from exc
