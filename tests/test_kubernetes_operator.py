@@ -427,6 +427,31 @@ def test_no_credential_of_the_airflow_connection_reaches_the_pod_spec(s3_backend
     assert env_of(inits(pod)[RESTORE_CONTAINER])["AWS_DEFAULT_REGION"] == conn["extra"]["region_name"]
 
 
+@pytest.mark.s3
+def test_the_pod_writes_with_the_connections_encryption_and_expected_owner(
+    s3_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator passes the bucket's non-secret settings (SSE-KMS, owner) to the pod, never the credentials."""
+    conn = json.loads(os.environ["AIRFLOW_CONN_STATEFUL_TEST_S3"])
+    extra_args = {
+        "ServerSideEncryption": "aws:kms",
+        "SSEKMSKeyId": "arn:aws:kms:us-east-1:123456789012:key/stateful",
+        "ExpectedBucketOwner": "123456789012",
+    }
+    conn["extra"]["service_config"] = {"s3": {"extra_args": extra_args}}
+    monkeypatch.setenv("AIRFLOW_CONN_STATEFUL_TEST_S3", json.dumps(conn))
+    op = make_op(credentials_secret="s3-creds")
+    try:
+        op.prepare_state(make_context())
+    except Exception as exc:  # moto does not enforce the owner: a refusal here would be a real bug
+        pytest.fail(f"the pre-start step failed with the connection's extra_args: {exc}")
+    env = env_of(base(op.build_pod_request_obj(make_context())))
+    assert env["STATEFUL_S3_SERVER_SIDE_ENCRYPTION"] == "aws:kms"
+    assert env["STATEFUL_S3_SSE_KMS_KEY_ID"] == extra_args["SSEKMSKeyId"]
+    assert env["STATEFUL_S3_EXPECTED_BUCKET_OWNER"] == "123456789012"
+    assert s3_backend not in json.dumps(env) and conn["login"] not in json.dumps(env)
+
+
 # -- reattach and stale pods ------------------------------------------------------------------------------------
 def remote(pod: k8s.V1Pod, phase: str, *, uid: str | None = None, **labels: str) -> k8s.V1Pod:
     """What the API server would return for ``pod``: the same spec with a status (and extra labels)."""

@@ -56,6 +56,7 @@ from airflow_stateful.kubernetes.pods import (
     lease_secret,
     lease_secret_ref,
     pod_epoch,
+    pod_s3_fields,
     state_parts,
     terminated,
 )
@@ -170,9 +171,9 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
             keep_last=hook.keep_last,
             lease_ttl=session.checkpoints.lease_ttl,
             schema_version=self.schema_version,
-            # Only these two, never the connection's login, password or session token.
-            endpoint_url=self.s3_endpoint_url or options.get("endpoint_url"),
-            region_name=options.get("region_name"),
+            # Picked by name: encryption, expected owner, endpoint, region, botocore settings; never the
+            # connection's login, password, session token, profile or role.
+            **{**pod_s3_fields(options), "endpoint_url": self.s3_endpoint_url or options.get("endpoint_url")},
         )
         self.labels = {**self.labels, **self._pod_state.labels()}
         return self._pod_state
