@@ -249,6 +249,41 @@ def test_pre_start_migrates_schema_1_to_2_and_the_pod_gets_the_next_epoch(
     assert json.loads((tmp_path / "pod" / ".stateful-value.json").read_text()) == {"cursor": 3}
 
 
+def test_a_signing_deployment_gives_its_pods_the_key_through_the_lease_secret_only(
+    state_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With [stateful] signing_conn_id, pods sign the heads they write with the same key; the key is in the
+    per-lease Secret, never in the pod spec."""
+    key = "deployment-signing-key-0123456789"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_STATEFUL_SIGNING",
+        json.dumps({"conn_type": "generic", "password": key, "extra": {"key_id": "prod-1"}}),
+    )
+    monkeypatch.setenv("AIRFLOW__STATEFUL__SIGNING_CONN_ID", "stateful_signing")
+    monkeypatch.setenv("AIRFLOW__STATEFUL__REQUIRE_SIGNED_HEADS", "true")
+    op = make_op()
+    api = PodApi(op, keep_running)
+    state, pod = start_pod(op, make_context(), api)
+    assert key not in json.dumps(pod.to_dict(), default=str), "the key is not in the pod spec"
+    literal = env_of(base(pod))
+    assert (
+        literal["STATEFUL_SIGNING_KEY_ID"] == "prod-1" and literal["STATEFUL_REQUIRE_SIGNED_HEADS"] == "true"
+    )
+    assert literal["STATEFUL_SIGNING_KEY"] is None, "from the lease Secret, not a literal"
+    env = api.kubelet_env(pod)["base"]
+    assert env["STATEFUL_SIGNING_KEY"] == key
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "model.bin").write_text("trained")
+    saved = run_client(env, "save", str(work))
+    assert saved.returncode == 0, saved.stderr
+    head = json.loads(store_from_url(state_url).get(f"{state.identity.key}/~head.json").data)
+    assert head["signature"]["key_id"] == "prod-1", "the pod signed the head it wrote"
+    unsigned = {k: v for k, v in env.items() if k != "STATEFUL_SIGNING_KEY"}
+    refused = run_client(unsigned, "save", str(work))
+    assert refused.returncode == 2 and "STATEFUL_SIGNING_KEY is not set" in refused.stderr
+
+
 def test_a_second_pre_start_fences_the_first_pod(state_url: str, tmp_path: Path) -> None:
     first_ctx, second_ctx = make_context(try_number=1), make_context(try_number=2)
     first_op, second_op = make_op(), make_op()

@@ -255,3 +255,31 @@ def test_the_signing_key_never_shows(store: ObjectStore, tmp_path: Path) -> None
     with pytest.raises(ConfigurationError, match="at least 16 bytes") as raised:
         HeadSigner(key=b"short-secret", key_id="x")
     assert "short-secret" not in str(raised.value)
+
+
+def test_the_deployment_key_comes_from_an_airflow_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_home: Path
+) -> None:
+    """``[stateful] signing_conn_id``: the key is a connection's password (any secrets backend can hold it)."""
+    from airflow_stateful.core.errors import ConfigurationError
+    from airflow_stateful.hooks.state import StateHook
+
+    monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", (tmp_path / "state").as_uri())
+    monkeypatch.setenv("AIRFLOW__STATEFUL__SIGNING_CONN_ID", "stateful_signing")
+    monkeypatch.setenv("AIRFLOW__STATEFUL__REQUIRE_SIGNED_HEADS", "true")
+    with pytest.raises(ConfigurationError, match="'stateful_signing', which does not exist"):
+        StateHook().get_store()
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_STATEFUL_SIGNING",
+        json.dumps({"conn_type": "generic", "password": KEY.decode(), "extra": {"key_id": "prod-1"}}),
+    )
+    hook = StateHook()
+    cs = hook.checkpoint_store(IDENTITY)
+    cs.commit(cs.acquire(), {"n": 1})
+    raw = json.loads(hook.get_store().get(HEAD).data)
+    assert raw["signature"]["key_id"] == "prod-1"
+    assert KEY.decode() not in repr(hook.get_store())
+    del raw["signature"]
+    write_head(hook.get_store(), raw)
+    with pytest.raises(CheckpointCorruptError, match="carries no signature"):
+        StateHook().checkpoint_store(IDENTITY).latest()

@@ -10,6 +10,7 @@ from typing import Any
 from airflow_stateful.core.config import StatefulSettings, parse_int
 from airflow_stateful.core.errors import ConfigurationError
 from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.integrity import HeadSigner
 from airflow_stateful.core.lease import Lease
 from airflow_stateful.core.records import WriterInfo
 from airflow_stateful.core.stores.s3_options import (
@@ -62,6 +63,25 @@ def _int(env: Mapping[str, str], name: str, *, default: int | None = None, minim
     return parse_int(raw, what=name, minimum=minimum)
 
 
+def signer_from_env(env: Mapping[str, str]) -> HeadSigner | None:
+    """The head signer the operator configured (``STATEFUL_SIGNING_KEY_ID``), keyed by ``STATEFUL_SIGNING_KEY``.
+
+    A key id without a key means the pod would write unsigned heads that this deployment's readers refuse (or
+    cannot tell from forged ones): refused before anything is written.
+    """
+    key_id = env.get("STATEFUL_SIGNING_KEY_ID")
+    if not key_id:
+        return None
+    key = env.get("STATEFUL_SIGNING_KEY")
+    if not key:
+        raise ConfigurationError(
+            f"this deployment signs head records with key {key_id!r}, but STATEFUL_SIGNING_KEY is not set; the "
+            "pod's lease Secret provides it when the pod is started by StatefulKubernetesPodOperator"
+        )
+    required = (env.get("STATEFUL_REQUIRE_SIGNED_HEADS") or "").lower() == "true"
+    return HeadSigner(key=key.encode("utf-8"), key_id=key_id, required=required)
+
+
 @dataclass(frozen=True)
 class PodSettings:
     """The pod's identity, lease and store, from the environment StatefulKubernetesPodOperator rendered."""
@@ -76,6 +96,8 @@ class PodSettings:
     endpoint_url: str | None
     s3: Mapping[str, Any] = field(default_factory=dict)
     """The S3 store options from ``STATEFUL_S3_*`` (see :func:`s3_options_from_env`), ``endpoint_url`` included."""
+    head_signer: HeadSigner | None = field(default=None, repr=False)
+    """The deployment's head signing key (``STATEFUL_SIGNING_KEY`` from the lease Secret), if it signs heads."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PodSettings:
@@ -101,6 +123,7 @@ class PodSettings:
             lease_ttl=shared.lease_ttl,
             endpoint_url=env.get("STATEFUL_S3_ENDPOINT_URL") or None,
             s3=s3_options_from_env(env) if env["STATEFUL_BACKEND_URL"].startswith("s3://") else {},
+            head_signer=signer_from_env(env),
         )
 
     def store_options(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from airflow_stateful.config import load_settings
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.errors import ConfigurationError
 from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.integrity import HeadSigner
 from airflow_stateful.core.records import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.registry import store_from_url
@@ -95,7 +96,7 @@ class StateHook(BaseHook):
     ) -> None:
         super().__init__()
         install_stats_listener()  # report commits, restores, fencing to Airflow's [metrics] backend
-        settings = load_settings()
+        settings = self.settings = load_settings()
         self.backend_url = backend_url or settings.backend_url
         self.conn_id = conn_id or settings.conn_id
         self.lease_ttl = lease_ttl or settings.lease_ttl
@@ -214,8 +215,39 @@ class StateHook(BaseHook):
                 options = self.s3_options()
                 if self.endpoint_url:
                     options["endpoint_url"] = self.endpoint_url
-            self._store = store_from_url(self.backend_url, **options)
+            store = store_from_url(self.backend_url, **options)
+            store.head_signer = self.head_signer()
+            self._store = store
         return self._store
+
+    def head_signer(self) -> HeadSigner | None:
+        """The deployment's head signing key from ``[stateful] signing_conn_id`` (its password), or ``None``.
+
+        The key id is the connection's extra ``key_id``, else the connection id. A configured connection that
+        is missing or has no password is an error: silently not signing would defeat the point.
+        """
+        conn_id = self.settings.signing_conn_id
+        if not conn_id:
+            if self.settings.require_signed_heads:
+                raise ConfigurationError(
+                    "[stateful] require_signed_heads is set but signing_conn_id is empty: name the connection "
+                    "whose password is the signing key"
+                )
+            return None
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            conn = self.get_connection(conn_id)
+        except AirflowNotFoundException:
+            raise ConfigurationError(
+                f"[stateful] signing_conn_id names the connection {conn_id!r}, which does not exist"
+            ) from None
+        if not conn.password:
+            raise ConfigurationError(f"connection {conn_id!r} has no password to sign head records with")
+        key_id = (conn.extra_dejson or {}).get("key_id") or conn_id
+        return HeadSigner(
+            key=conn.password.encode("utf-8"), key_id=str(key_id), required=self.settings.require_signed_heads
+        )
 
     def get_conn(self) -> ObjectStore:
         return self.get_store()

@@ -24,6 +24,7 @@ from kubernetes.client import models as k8s
 
 from airflow_stateful.core.errors import InvalidValueError
 from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.integrity import HeadSigner
 from airflow_stateful.core.lease import Lease
 from airflow_stateful.core.records import HeadRecord, Manifest
 from airflow_stateful.core.stores.s3_options import pod_config_kwargs
@@ -39,6 +40,8 @@ CLIENT_COMMAND = ("python", "-m", "airflow_stateful.client")
 #: The variable the in-pod client reads its lease token from, and the key of the token in the lease Secret.
 LEASE_TOKEN_ENV = "STATEFUL_LEASE_TOKEN"
 LEASE_SECRET_KEY = "lease-token"
+SIGNING_SECRET_KEY = "signing-key"
+SIGNING_KEY_ENV = "STATEFUL_SIGNING_KEY"
 #: Environment names that would put a credential into the pod spec as a literal value.
 SECRET_ENV_NAMES = frozenset({"AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"})
 _TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -169,6 +172,9 @@ class PodState:
     verify: bool | None = None
     """Only ``False`` reaches the pod (``STATEFUL_S3_VERIFY``); see :func:`pod_s3_fields`."""
     config_kwargs: Mapping[str, Any] | None = None
+    head_signer: HeadSigner | None = None
+    """The deployment's head signing key, if any: its id and policy reach the pod as variables, the key itself
+    only through the pod's lease Secret (``STATEFUL_SIGNING_KEY``)."""
 
     def labels(self) -> dict[str, str]:
         return {
@@ -206,6 +212,10 @@ class PodState:
                 else None
             ),
             "STATEFUL_IMAGE": image,
+            "STATEFUL_SIGNING_KEY_ID": self.head_signer.key_id if self.head_signer else None,
+            "STATEFUL_REQUIRE_SIGNED_HEADS": "true"
+            if self.head_signer and self.head_signer.required
+            else None,
         }
         if context is not None:
             ti = context["ti"]
@@ -218,6 +228,8 @@ class PodState:
             )
         env = [k8s.V1EnvVar(name=k, value=v) for k, v in values.items() if v]
         env.append(lease_token_env(self))  # from the pod's lease Secret, never a literal value
+        if self.head_signer is not None:
+            env.append(secret_env(self, SIGNING_KEY_ENV, SIGNING_SECRET_KEY))
         if self.region_name:
             env.append(k8s.V1EnvVar(name="AWS_DEFAULT_REGION", value=self.region_name))
         return env
@@ -246,14 +258,19 @@ def lease_secret_name(state: PodState) -> str:
     return f"stateful-lease-e{state.lease.epoch}-{hashlib.sha256(material.encode('utf-8')).hexdigest()[:16]}"
 
 
-def lease_token_env(state: PodState) -> k8s.V1EnvVar:
-    """``STATEFUL_LEASE_TOKEN`` from the pod's lease Secret: the kubelet resolves it when a container starts."""
+def secret_env(state: PodState, name: str, key: str) -> k8s.V1EnvVar:
+    """Variable ``name`` from ``key`` of the pod's lease Secret: the kubelet resolves it when a container starts."""
     return k8s.V1EnvVar(
-        name=LEASE_TOKEN_ENV,
+        name=name,
         value_from=k8s.V1EnvVarSource(
-            secret_key_ref=k8s.V1SecretKeySelector(name=lease_secret_name(state), key=LEASE_SECRET_KEY)
+            secret_key_ref=k8s.V1SecretKeySelector(name=lease_secret_name(state), key=key)
         ),
     )
+
+
+def lease_token_env(state: PodState) -> k8s.V1EnvVar:
+    """``STATEFUL_LEASE_TOKEN`` from the pod's lease Secret."""
+    return secret_env(state, LEASE_TOKEN_ENV, LEASE_SECRET_KEY)
 
 
 def lease_secret_ref(pod: k8s.V1Pod) -> str | None:
@@ -294,7 +311,14 @@ def lease_secret(state: PodState, *, owner: k8s.V1Pod, name: str | None = None) 
                 k8s.V1OwnerReference(api_version="v1", kind="Pod", name=meta.name, uid=meta.uid)
             ],
         ),
-        data={LEASE_SECRET_KEY: base64.b64encode(state.lease.token.encode("utf-8")).decode("ascii")},
+        data={
+            LEASE_SECRET_KEY: base64.b64encode(state.lease.token.encode("utf-8")).decode("ascii"),
+            **(
+                {SIGNING_SECRET_KEY: base64.b64encode(state.head_signer.key).decode("ascii")}
+                if state.head_signer is not None
+                else {}
+            ),
+        },
     )
 
 

@@ -174,6 +174,7 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
             # Picked by name: encryption, expected owner, endpoint, region, botocore settings; never the
             # connection's login, password, session token, profile or role.
             **{**pod_s3_fields(options), "endpoint_url": self.s3_endpoint_url or options.get("endpoint_url")},
+            head_signer=hook.get_store().head_signer,
         )
         self.labels = {**self.labels, **self._pod_state.labels()}
         return self._pod_state
