@@ -147,3 +147,34 @@ def test_a_file_that_disappears_while_it_is_saved_fails_cleanly(tmp_path: Path) 
     with pytest.raises(InvalidValueError, match=r"'a.txt' disappeared while the checkpoint was being saved"):
         cs.commit(lease, {"v": 1}, files=tree(tmp_path / "work", {"a.txt": b"a"}))
     assert cs.latest().value == {"v": 0}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("path", ["../../etc/cron.d/job", "/etc/passwd", "a/../../x", "a\\b", ""])
+def test_a_crafted_manifest_path_is_refused_and_nothing_is_written(
+    store: ObjectStore, tmp_path: Path, path: str
+) -> None:
+    """A manifest (checksummed by its head, so re-signed by whoever crafted it) naming a path out of dest."""
+    import json
+
+    from airflow_stateful.core.errors import CheckpointCorruptError
+    from airflow_stateful.core.records import canonical_json, sha256_hex
+
+    commit(store, tree(tmp_path / "work", {"a.txt": b"a"}))
+    head_key = f"{IDENTITY.key}/~head.json"
+    head = json.loads(store.get(head_key).data)
+    entry = head["checkpoints"][-1]
+    manifest = json.loads(store.get(entry["manifest"]).data)
+    manifest["files"][0]["path"] = path
+    data = canonical_json(manifest) + b"\n"
+    store.put(entry["manifest"], data)
+    entry["manifest_sha256"], entry["manifest_size"] = sha256_hex(data), len(data)
+    del head["checksum"]
+    head["checksum"] = sha256_hex(canonical_json(head))
+    store.put(head_key, canonical_json(head))
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    latest = cs.latest()
+    assert latest is not None
+    dest = tmp_path / "deep" / "dest"
+    with pytest.raises(CheckpointCorruptError, match="would restore outside the target directory"):
+        cs.restore_files(latest, dest)
+    assert list(dest.iterdir()) == [] and sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["dest"]
