@@ -1,35 +1,48 @@
 """The Stateful view: its JSON and HTML against real stores, Airflow's plugin loader, and a real browser.
 
 The store is real (a local directory, and the S3 endpoint of conftest.py); FastAPI's TestClient drives the
-app in-process. The browser check starts uvicorn on 127.0.0.1 in a subprocess and screenshots the page with
-headless Chromium (skipped when ``chromium`` is not installed).
+app in-process, authenticated as Airflow authenticates: a JWT from this process's real simple auth manager
+(Airflow's default), checked by Airflow's own ``get_user`` and DAG permission dependencies against the
+session's migrated database. Who-sees-what between users is tested against a real api-server in
+tests/test_ui_auth.py. The browser check starts uvicorn on 127.0.0.1 in a subprocess (behind Airflow's
+all-admins middleware, as an api-server with ``simple_auth_manager_all_admins``) and screenshots the page
+with headless Chromium (skipped when ``chromium`` is not installed).
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from fastapi.testclient import TestClient
 
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import WriterInfo, parse_iso
+from airflow_stateful.core.records import HEAD_NAME, WriterInfo, canonical_json, parse_iso, sha256_hex
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
-from airflow_stateful.plugins.stateful_view import StatefulPlugin, create_app, human_age
+from airflow_stateful.plugins import stateful_view
+from airflow_stateful.plugins.stateful_view import StatefulPlugin
+from airflow_stateful.plugins.view_app import WorkGate, create_app
+from airflow_stateful.plugins.view_rows import Bounds, human_age
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts"
@@ -95,59 +108,81 @@ def local_store(tmp_path: Path) -> ObjectStore:
     return LocalObjectStore(root=tmp_path / "state", fsync=False)
 
 
-def test_identities_api_on_a_local_store(local_store: ObjectStore, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def admin(airflow_home: Path) -> dict[str, str]:
+    """The Authorization header of an admin, signed by this process's real simple auth manager."""
+    from airflow.api_fastapi.app import init_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def view(admin: dict[str, str]) -> Any:
+    """``view(store, **create_app kwargs)``: a TestClient of the view app, logged in as admin."""
+
+    def make(store: Any = None, **kwargs: Any) -> TestClient:
+        return TestClient(create_app(store, **kwargs), headers=admin)
+
+    return make
+
+
+def test_identities_api_on_a_local_store(local_store: ObjectStore, tmp_path: Path, view: Any) -> None:
     updated = populate(local_store, tmp_path)
     now = max(updated.values()) + 3600
-    check_identities_api(TestClient(create_app(local_store, clock=lambda: now)), updated, now)
+    check_identities_api(view(local_store, clock=lambda: now), updated, now)
 
 
 @pytest.mark.s3
-def test_identities_api_on_s3(s3_endpoint, s3_prefix: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_identities_api_on_s3(s3_endpoint, s3_prefix: str, tmp_path: Path, view: Any) -> None:  # type: ignore[no-untyped-def]
     store = s3_endpoint.store(s3_prefix)
     updated = populate(store, tmp_path)
     now = max(updated.values()) + 60
-    client = TestClient(create_app(store, clock=lambda: now))
+    client = view(store, clock=lambda: now)
     check_identities_api(client, updated, now)
     history = client.get(f"/api/identities/{quote(RUN_IDENTITY.key, safe='/')}/history").json()
     assert [e["seq"] for e in history["checkpoints"]] == [4, 3, 2]
 
 
 def test_history_is_newest_first_and_unknown_or_invalid_keys_are_client_errors(
-    local_store: ObjectStore, tmp_path: Path
+    local_store: ObjectStore, tmp_path: Path, view: Any
 ) -> None:
     populate(local_store, tmp_path)
-    client = TestClient(create_app(local_store))
+    client = view(local_store)
     body = client.get(f"/api/identities/{quote(RUN_IDENTITY.key, safe='/')}/history").json()
     assert body["identity"] == RUN_IDENTITY.key
     assert [e["seq"] for e in body["checkpoints"]] == [4, 3, 2]
     assert body["checkpoints"][0]["total_size"] == 5000
     assert client.get("/api/identities/etl/nothing/run=x/map=-1/history").status_code == 404
-    assert client.get("/api/identities/etl/a%20b/history").status_code == 400  # not a valid key
+    invalid = client.get("/api/identities/etl/a%20b/history")
+    assert invalid.status_code == 400 and "'etl/a b'" in invalid.json()["detail"]  # names the value
 
 
-def test_prefix_and_limit_narrow_the_listing(local_store: ObjectStore, tmp_path: Path) -> None:
+def test_prefix_and_limit_narrow_the_listing(local_store: ObjectStore, tmp_path: Path, view: Any) -> None:
     populate(local_store, tmp_path)
-    client = TestClient(create_app(local_store))
-    rows = client.get("/api/identities", params={"prefix": "etl/"}).json()["identities"]
-    assert [r["identity"] for r in rows] == [RUN_IDENTITY.key]
-    assert len(client.get("/api/identities", params={"limit": 2}).json()["identities"]) == 2
+    client = view(local_store)
+    for prefix in ("etl/", "etl", "et", "etl/load/run="):
+        rows = client.get("/api/identities", params={"prefix": prefix}).json()["identities"]
+        assert [r["identity"] for r in rows] == [RUN_IDENTITY.key], prefix
+    body = client.get("/api/identities", params={"limit": 2}).json()
+    assert len(body["identities"]) == 2
+    assert "showed 2 identities (limit)" in body["truncated"]  # says the listing is incomplete
+    assert client.get("/api/identities").json()["truncated"] is None
 
 
 def test_a_corrupt_head_is_reported_on_its_row_without_hiding_the_others(
-    local_store: ObjectStore, tmp_path: Path
+    local_store: ObjectStore, tmp_path: Path, view: Any
 ) -> None:
     populate(local_store, tmp_path)
     local_store.put(f"{NAMED_IDENTITY.key}/~head.json", b"{not json")
-    rows = {
-        r["identity"]: r
-        for r in TestClient(create_app(local_store)).get("/api/identities").json()["identities"]
-    }
+    rows = {r["identity"]: r for r in view(local_store).get("/api/identities").json()["identities"]}
     assert "CheckpointCorruptError" in rows[NAMED_IDENTITY.key]["error"]
     assert rows[RUN_IDENTITY.key]["last_checkpoint"]["seq"] == 4
 
 
 def test_page_lists_identities_escapes_names_and_links_runs_under_airflows_base_path(
-    local_store: ObjectStore, tmp_path: Path
+    local_store: ObjectStore, tmp_path: Path, admin: dict[str, str]
 ) -> None:
     populate(local_store, tmp_path)
     odd = CheckpointStore(
@@ -157,7 +192,7 @@ def test_page_lists_identities_escapes_names_and_links_runs_under_airflows_base_
     # Mounted like Airflow's api-server does, here below a base path /airflow.
     outer = FastAPI()
     outer.mount("/airflow/stateful", create_app(local_store))
-    page = TestClient(outer).get("/airflow/stateful/")
+    page = TestClient(outer, headers=admin).get("/airflow/stateful/")
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")
     text = page.text
@@ -168,20 +203,20 @@ def test_page_lists_identities_escapes_names_and_links_runs_under_airflows_base_
     assert f"api/identities/{quote(RUN_IDENTITY.key, safe='/')}/history" in text  # `%` escaped as %25
 
 
-def test_an_empty_backend_says_so(local_store: ObjectStore) -> None:
-    client = TestClient(create_app(local_store))
-    assert "No identity holds state" in client.get("/").text
+def test_an_empty_backend_says_so(local_store: ObjectStore, view: Any) -> None:
+    client = view(local_store)
+    assert "No identity that you may read holds state" in client.get("/").text
     assert client.get("/api/identities").json()["identities"] == []
 
 
 def test_the_configured_backend_is_read_from_stateful_backend_url(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: Any
 ) -> None:
     store = LocalObjectStore(root=tmp_path / "configured", fsync=False)
     populate(store, tmp_path)
     monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", (tmp_path / "configured").as_uri())
     monkeypatch.setenv("AIRFLOW__STATEFUL__CONN_ID", "")
-    body = TestClient(create_app()).get("/api/identities").json()
+    body = view().get("/api/identities").json()
     assert body["backend_url"].endswith("/configured")
     assert len(body["identities"]) == 4
 
@@ -193,6 +228,190 @@ def test_human_age() -> None:
         "3h 2m",
         "2d 1h",
     ]
+
+
+# -- authentication, hostile heads, hostile parameters, bounds -------------------------------------------
+
+
+def test_without_a_token_every_route_is_401_and_reads_nothing(
+    local_store: ObjectStore, tmp_path: Path
+) -> None:
+    populate(local_store, tmp_path)
+    client = TestClient(create_app(local_store))
+    for path in ("/", "/api/identities", f"/api/identities/{quote(RUN_IDENTITY.key, safe='/')}/history"):
+        response = client.get(path)
+        assert response.status_code == 401, path
+        assert "etl-load-0" not in response.text and "worker-" not in response.text
+    forged = {"Authorization": "Bearer " + "e30.e30.c2ln"}  # {}.{}.sig: not signed by this deployment
+    assert client.get("/api/identities", headers=forged).status_code in (401, 403)
+
+
+def _forge_head(store: ObjectStore, identity: Identity, change: Any) -> None:
+    """Rewrite ``identity``'s head as anyone who can write the bucket could: ``change`` edits the parsed JSON,
+    and the (unkeyed) checksum is recomputed, so only the record's own checks can refuse it."""
+    key = f"{identity.key}/{HEAD_NAME}"
+    body = json.loads(store.get(key).data)
+    body.pop("checksum")
+    change(body)
+    body["checksum"] = sha256_hex(canonical_json(body))
+    store.put(key, canonical_json(body) + b"\n")
+
+
+SCRIPT = "<script>alert(1)</script>"
+
+
+def test_a_crafted_head_never_puts_markup_in_the_page(
+    local_store: ObjectStore, tmp_path: Path, view: Any
+) -> None:
+    populate(local_store, tmp_path)
+    # Valid strings with markup in every free-text field a writer controls (holder host, pod, run id).
+    hostile = CheckpointStore(
+        store=local_store, identity=Identity.for_task(dag_id="x", task_id="t", name="n")
+    )
+    hostile.commit(
+        hostile.acquire(
+            holder=WriterInfo(host=SCRIPT, pod='"><img src=x onerror=alert(2)>', run_id="<b>run</b>")
+        ),
+        1,
+    )
+
+    # Typed fields holding markup: a string where the head has integers (seq, schema_version, size).
+    def typed(body: dict[str, Any]) -> None:
+        entry = body["checkpoints"][-1]
+        entry.update(seq=SCRIPT, schema_version="<i>9</i>", total_size="<u>1</u>")
+
+    _forge_head(local_store, NAMED_IDENTITY, typed)
+    page = view(local_store).get("/")
+    assert page.status_code == 200
+    text = page.text.lower()
+    for markup in ("<script", "<img", "<b>run", "<i>9", "<u>1", "onerror=alert(2)>"):
+        assert markup not in text, markup
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text  # shown, as text
+    assert "&lt;b&gt;run&lt;/b&gt;" in page.text
+    # The forged identity is an error row of its own; the others are still listed.
+    rows = {r["identity"]: r for r in view(local_store).get("/api/identities").json()["identities"]}
+    assert "error" in rows[NAMED_IDENTITY.key]
+    assert rows[RUN_IDENTITY.key]["last_checkpoint"]["seq"] == 4
+    assert "5 identities" in page.text and 'class="err"' in page.text
+
+
+def test_responses_carry_their_type_a_strict_csp_nosniff_and_same_origin_framing(
+    local_store: ObjectStore, tmp_path: Path, view: Any
+) -> None:
+    populate(local_store, tmp_path)
+    client = view(local_store)
+    page = client.get("/")
+    api = client.get("/api/identities")
+    history = client.get(f"/api/identities/{quote(RUN_IDENTITY.key, safe='/')}/history")
+    assert page.headers["content-type"] == "text/html; charset=utf-8"
+    assert api.headers["content-type"] == history.headers["content-type"] == "application/json"
+    for response in (page, api, history, client.get("/", params={"prefix": ".."})):
+        csp = response.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "frame-ancestors 'self'" in csp
+        assert "script-src" not in csp and "unsafe-inline" not in csp and "unsafe-eval" not in csp
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["x-frame-options"] == "SAMEORIGIN"
+        assert response.headers["cache-control"] == "no-store"
+    # The page's one inline stylesheet is allowed by its hash, and it has no script at all.
+    css = re.search(r"<style>(.*?)</style>", page.text, re.S)
+    assert css is not None
+    digest = base64.b64encode(hashlib.sha256(css.group(1).encode()).digest()).decode()
+    assert f"style-src 'sha256-{digest}'" in page.headers["content-security-policy"]
+    assert "<script" not in page.text.lower()
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["../../..", "..", "/", "/etc", "etl/../..", "etl//load", "~task-state/", "etl/~data", "a\\b", "a\x00b"],
+)
+def test_a_prefix_that_is_not_the_start_of_an_identity_key_is_400_naming_it(
+    prefix: str, local_store: ObjectStore, view: Any
+) -> None:
+    client = view(local_store)
+    response = client.get("/api/identities", params={"prefix": prefix})
+    assert response.status_code == 400
+    assert repr(prefix) in response.json()["detail"]
+    page = client.get("/", params={"prefix": prefix}, headers={"Accept": "text/html"})
+    assert page.status_code == 400 and page.headers["content-type"].startswith("text/html")
+
+
+def test_a_listing_stops_at_its_bounds_and_says_so(
+    local_store: ObjectStore, tmp_path: Path, view: Any
+) -> None:
+    populate(local_store, tmp_path)  # the first object in key order is a data file of etl/..., then its head
+    few = view(local_store, bounds=Bounds(max_scanned=1)).get("/api/identities").json()
+    assert few["identities"] == [] and "listed 1 objects" in few["truncated"]
+    slow = view(local_store, bounds=Bounds(seconds=0)).get("/")
+    assert "Listing incomplete" in slow.text and "listed for 0 s" in slow.text
+
+
+def test_the_leases_last_renewal_is_shown(local_store: ObjectStore, view: Any) -> None:
+    now = [1_800_000_000.0]
+    checkpoints = CheckpointStore(store=local_store, identity=RUN_IDENTITY, clock=lambda: now[0])
+    lease = checkpoints.acquire(holder=WriterInfo(host="worker-1"))
+    now[0] += 125
+    checkpoints.renew(lease)
+    client = view(local_store, clock=lambda: now[0])
+    row = client.get("/api/identities").json()["identities"][0]
+    assert parse_iso(row["lease"]["renewed_at"]) == pytest.approx(now[0])
+    assert parse_iso(row["lease"]["acquired_at"]) == pytest.approx(now[0] - 125)
+    assert "renewed 2027-01-15T08:02:05Z" in client.get("/").text
+
+
+def test_a_user_of_some_dags_lists_only_their_folders() -> None:
+    """A user who may read two DAGs makes the server list those two DAGs' folders, never the whole backend."""
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    from airflow_stateful.plugins.view_access import Viewer
+
+    user = SimpleAuthManagerUser(username="v", role="viewer")
+    some = Viewer(
+        user=user, readable_dags=frozenset({"etl", "a b"}), reads_every_dag=False, reads_configuration=False
+    )
+    assert some.scan_prefixes("") == ["a%20b/", "etl/"]
+    assert some.scan_prefixes("e") == ["etl/"]
+    assert some.scan_prefixes("etl/load/") == ["etl/load/"]
+    assert some.scan_prefixes("ingest/") == []
+    assert not some.may_read(Identity.parse("etl/custom-job")) and some.may_read(RUN_IDENTITY)
+    every = Viewer(user=user, readable_dags=frozenset(), reads_every_dag=True, reads_configuration=False)
+    assert every.scan_prefixes("") == [""] and every.may_read(Identity.parse("etl/custom-job"))
+
+
+def test_the_work_gate_refuses_at_once_when_full_and_frees_a_slot_when_work_ends() -> None:
+    gate = WorkGate(workers=1, queue=1)
+    release = threading.Event()
+
+    async def scenario() -> list[Any]:
+        first = asyncio.ensure_future(gate.run(release.wait, 10))
+        second = asyncio.ensure_future(gate.run(lambda: "queued"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(HTTPException) as busy:
+            await gate.run(lambda: "refused")
+        release.set()
+        return [busy.value.status_code, busy.value.headers, await first, await second, await gate.run(int)]
+
+    assert asyncio.run(scenario()) == [503, {"Retry-After": "5"}, True, "queued", 0]
+
+
+def test_the_plugin_module_is_light_and_its_app_serves_the_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, admin: dict[str, str]
+) -> None:
+    """Every process that loads plugins (task processes too) imports the plugin module: it must not pull in
+    the api-server's security module; the app Airflow mounts builds the view on its first request."""
+    probe = (
+        "import sys, airflow_stateful.plugins.stateful_view\n"
+        "print(sorted(m for m in ('airflow.api_fastapi.core_api.security',) if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    populate(LocalObjectStore(root=tmp_path / "configured", fsync=False), tmp_path)
+    monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", (tmp_path / "configured").as_uri())
+    monkeypatch.setenv("AIRFLOW__STATEFUL__CONN_ID", "")
+    shell = stateful_view.shell_app()
+    assert TestClient(shell).get("/api/identities").status_code == 401
+    assert len(TestClient(shell, headers=admin).get("/api/identities").json()["identities"]) == 4
 
 
 # -- Airflow's plugin loader -------------------------------------------------------------------------------
@@ -207,7 +426,7 @@ def _airflow_plugins(env: dict[str, str]) -> list[dict[str, object]]:
         timeout=300,
         check=True,
     )
-    return json.loads(out.stdout[out.stdout.index("[") :])  # type: ignore[no-any-return]
+    return json.loads(out.stdout[out.stdout.index("[") :])
 
 
 def test_airflow_accepts_the_plugin_from_a_plugins_folder(tmp_path: Path) -> None:
@@ -243,12 +462,17 @@ def test_the_plugin_is_registered_by_entry_point(tmp_path: Path) -> None:
 # -- a real browser ----------------------------------------------------------------------------------------
 
 SERVER = r"""
-import sys, uvicorn
+import os, sys, uvicorn
+os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
 from fastapi import FastAPI
+from airflow.api_fastapi.app import init_auth_manager
+from airflow.api_fastapi.auth.managers.simple.middleware import SimpleAllAdminMiddleware
 from airflow_stateful.core.stores.local import LocalObjectStore
-from airflow_stateful.plugins.stateful_view import create_app
+from airflow_stateful.plugins.view_app import create_app
 
+init_auth_manager()
 outer = FastAPI()
+outer.add_middleware(SimpleAllAdminMiddleware)  # what an api-server with simple_auth_manager_all_admins adds
 outer.mount("/stateful", create_app(LocalObjectStore(root=sys.argv[1], fsync=False)))
 uvicorn.run(outer, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
@@ -261,7 +485,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def view_server(tmp_path: Path) -> Iterator[str]:
+def view_server(tmp_path: Path, airflow_home: Path) -> Iterator[str]:
     """The view served by uvicorn on 127.0.0.1 in a subprocess, over a populated local store."""
     populate(LocalObjectStore(root=tmp_path / "state", fsync=False), tmp_path)
     port = _free_port()
