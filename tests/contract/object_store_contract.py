@@ -140,6 +140,14 @@ class ObjectStoreContract:
         assert sizes["xy/c"] == 4
         assert list(store.list_objects("nothing/")) == []
 
+    def test_list_objects_orders_keys_byte_wise_across_folders(self, store: ObjectStore) -> None:
+        """S3's order (byte-wise on the whole key), which a directory walk only gets by sorting "a/" as a unit."""
+        keys = ["a/b", "a.txt", "a-b", "a0", "a/c/d", "b", "A"]
+        for key in keys:
+            store.put(key, b"x")
+        assert [i.key for i in store.list_objects("")] == sorted(keys)
+        assert [i.key for i in store.list_objects("a")] == sorted(k for k in keys if k.startswith("a"))
+
     def test_delete_and_delete_many(self, store: ObjectStore) -> None:
         for key in ["d/1", "d/2", "d/3"]:
             store.put(key, b"x")

@@ -22,3 +22,16 @@ class TestLocalObjectStore(ObjectStoreContract):
 
 class TestLocalCheckpointStore(CheckpointStoreContract):
     pass
+
+
+def test_a_listing_never_leaves_the_root_or_follows_links(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("s")
+    store = LocalObjectStore(root=tmp_path / "state", fsync=False)
+    store.put("a/b", b"x")
+    (tmp_path / "state" / "a" / "link").symlink_to(outside, target_is_directory=True)
+    for bad in ("../", "../outside/", "/etc/", "a/../../"):
+        with pytest.raises(ValueError, match="must stay inside the store's root"):
+            list(store.list_objects(bad))
+    assert [i.key for i in store.list_objects("")] == ["a/b"], "a link inside the root is not followed"

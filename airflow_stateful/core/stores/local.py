@@ -203,34 +203,53 @@ class LocalObjectStore(ObjectStore):
         copy_verified(src, dest, key=key, where=self.url, size=size, sha256=sha256, progress=progress)
 
     def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
-        # Walk only the deepest directory the prefix names, then filter by the full prefix.
+        """Objects below ``prefix`` in key order, lazily: only directories that can hold such keys are read,
+        one at a time, so a caller that stops early (a bounded listing) never walks the rest of the tree.
+
+        A prefix that could leave the root (an absolute path, a ``.``/``..`` segment) is refused, and links
+        inside the root are never followed, so a listing never reads outside the state directory.
+        """
+        segments = prefix.split("/")
+        if (
+            prefix.startswith("/")
+            or "\x00" in prefix
+            or any(part in ("", ".", "..") for part in segments[:-1])
+        ):
+            raise ValueError(f"invalid object key prefix {prefix!r}: it must stay inside the store's root")
         base_dir = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = self.root / base_dir if base_dir else self.root
-        if not start.is_dir():
+        if start.is_symlink() or not start.is_dir():
             return
-        found: list[ObjectInfo] = []
-        for dirpath, dirnames, filenames in os.walk(start):
-            rel_dir = os.path.relpath(dirpath, self.root)
-            if rel_dir == ".":
-                dirnames[:] = [d for d in dirnames if d != _INTERNAL_DIR]
-                rel_dir = ""
-            for name in filenames:
-                key = f"{rel_dir}/{name}" if rel_dir else name
-                if not key.startswith(prefix):
-                    continue
-                try:
-                    st = os.stat(os.path.join(dirpath, name))
-                except FileNotFoundError:
-                    continue
-                found.append(
-                    ObjectInfo(
-                        key=key,
-                        size=st.st_size,
-                        last_modified=datetime.fromtimestamp(st.st_mtime, tz=timezone.utc),
-                    )
-                )
-        found.sort(key=lambda info: info.key)
-        yield from found
+        yield from self._walk(start, base_dir, prefix)
+
+    def _walk(self, directory: Path, rel: str, prefix: str) -> Iterator[ObjectInfo]:
+        try:
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return  # removed while listed
+        items = []
+        for entry in entries:
+            if (not rel and entry.name == _INTERNAL_DIR) or entry.is_symlink():
+                continue
+            key = f"{rel}/{entry.name}" if rel else entry.name
+            folder = entry.is_dir(follow_symlinks=False)
+            # "a/" sorts where every key below "a" sorts among its siblings, so the walk yields keys in order.
+            items.append((f"{key}/" if folder else key, key, entry, folder))
+        items.sort(key=lambda item: item[0])
+        for order, key, entry, folder in items:
+            if folder:
+                if order.startswith(prefix) or prefix.startswith(order):
+                    yield from self._walk(Path(entry.path), key, prefix)
+                continue
+            if not key.startswith(prefix):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            yield ObjectInfo(
+                key=key, size=st.st_size, last_modified=datetime.fromtimestamp(st.st_mtime, tz=timezone.utc)
+            )
 
     def delete(self, key: str, *, if_match: str | None = None) -> None:
         path = self._path(key)
