@@ -360,7 +360,9 @@ def try_it_locally() -> str:
     match = re.search(r"^## Try it locally\n(.*?)(?=^## )", readme, re.M | re.S)
     assert match, "README.md has no '## Try it locally' section"
     configure = readme.index("## Configure")
-    following = readme.index("\n## ", configure + 1) + 1  # the next level-2 heading (### are inside Configure)
+    following = (
+        readme.index("\n## ", configure + 1) + 1
+    )  # the next level-2 heading (### are inside Configure)
     assert readme.index("## Try it locally") == following, "'Try it locally' comes right after 'Configure'"
     return match.group(1)
 
