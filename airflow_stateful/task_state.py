@@ -9,11 +9,39 @@ loops with their positions. It imports no Airflow: the operator turns its signal
 A save that fails (a value that cannot be encoded, a fenced writer, a network error) changes nothing the
 task sees: :attr:`~TaskState.value`, :attr:`~TaskState.checkpoint` and the resume positions stay the last
 committed ones (or what the task itself set since).
+
+**Saving in the background** (``save(..., wait=False)``). The call snapshots what it commits — the value
+encoded at once, the files copied into a staging directory (:mod:`airflow_stateful.core.snapshot`: an
+in-kernel copy, about 0.1 s for 256 MiB, or a reflink) — and returns a :class:`PendingSave`; the upload and
+the commit run in a thread. The rules, and why:
+
+* **One save in flight.** The next save (either kind), a ``resume()`` commit, :meth:`TaskState.restore_files`
+  and the end of the task wait for the pending one first. Commits of one writer must be sequential (the
+  head's compare-and-swap allows one sequence number at a time), and ``files=None`` must keep the files of
+  the checkpoint just before it.
+* **Errors surface at the next save or at the end of the task**, in the task's own thread, as the exception
+  the commit raised (``FencedError`` for a lost lease, the store's error for a network failure). The call that
+  surfaces it does nothing else: the next save is not attempted, so that an exception from ``save`` always
+  means "this did not happen". At the end of the task the error fails the try, and Airflow's retry resumes
+  from the last checkpoint that landed.
+* **What the task sees changes only at calls it makes, never behind its back.** While a save is pending,
+  :attr:`TaskState.value` and :attr:`TaskState.checkpoint` still show the last *collected* commit. When the
+  task next waits (the next save, :meth:`TaskState.wait_for_save`, :meth:`PendingSave.wait`, a ``resume()``
+  commit) and the save landed, they become that checkpoint and its value as stored (the snapshot) — unless
+  the task assigned ``state.value`` after the call, which then stays: it is newer. If the save failed, both
+  stay as they were: a failed save changes nothing, in the background too.
+* **A stop wins over speed.** When a stop was requested (SIGTERM), ``save(wait=False)`` waits for the pending
+  save, commits synchronously, and raises :class:`~airflow_stateful.core.errors.StopRequested`, like a
+  synchronous save.
+* **A crash while the thread uploads** (SIGKILL, OOM) leaves the previous checkpoint valid: nothing is
+  visible before the head's compare-and-swap (docs/adr/0001-commit-protocol.md). The staging copy left behind
+  is removed by the next background save into the same staging directory (its lock died with the process).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -21,12 +49,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from itertools import islice
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from airflow_stateful.core.codecs import encode_value
 from airflow_stateful.core.errors import InvalidValueError, StopRequested
+from airflow_stateful.core.progress import human_bytes
 from airflow_stateful.core.records import CheckpointEntry, Manifest, WriterInfo
 from airflow_stateful.core.session import WriterSession
+from airflow_stateful.core.snapshot import FileSnapshot, snapshot_files, snapshot_value
 
 log = logging.getLogger("airflow_stateful")
 
@@ -57,6 +87,88 @@ class CheckpointInfo:
         )
 
 
+class PendingSave:
+    """A save running in the background, returned by ``TaskState.save(..., wait=False)``.
+
+    The value and files were snapshotted when it was created; the upload and the commit run in a thread of
+    their own. :meth:`wait` returns the committed checkpoint or raises what the commit raised. The task need
+    not keep this object: the next save and the end of the task wait for it anyway.
+    """
+
+    def __init__(
+        self, state: TaskState, *, value: Any, generation: int, snapshot: FileSnapshot | None
+    ) -> None:
+        self._state = state
+        self._value = value
+        self._generation = generation
+        self._snapshot = snapshot
+        self._done = threading.Event()
+        self._manifest: Manifest | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        status = "failed" if self._error else "committed" if self._manifest else "running"
+        return f"PendingSave({status})"
+
+    @property
+    def snapshot(self) -> FileSnapshot | None:
+        """What the call copied (files, bytes, seconds, method); ``None`` for a value-only save."""
+        return self._snapshot
+
+    def done(self) -> bool:
+        """True once the commit finished, landed or failed."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> CheckpointInfo:
+        """Wait for the commit; the checkpoint it made, or raise its error (``TimeoutError`` if ``timeout`` passes).
+
+        Waiting here counts as the task seeing the outcome: ``state.value`` and ``state.checkpoint`` show the
+        checkpoint now, and an error raised here is not raised again by the next save.
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the background save is still running after {timeout} s")
+        self._state._collect(self)
+        if self._error is not None:
+            raise self._error
+        assert self._manifest is not None
+        return CheckpointInfo.of(self._manifest)
+
+    def _start(self, commit: Callable[[], Manifest], *, name: str) -> None:
+        # Not a daemon: a script that forgets to wait still lets its last save finish before the interpreter exits.
+        self._thread = threading.Thread(target=self._run, args=(commit,), name=name, daemon=False)
+        self._thread.start()
+
+    def _run(self, commit: Callable[[], Manifest]) -> None:
+        started = time.monotonic()
+        try:
+            self._manifest = commit()
+            log.info(
+                "background save committed checkpoint %d in %.1f s",
+                self._manifest.seq,
+                time.monotonic() - started,
+            )
+        except BaseException as exc:
+            self._error = exc
+            note = (
+                "raised by a background save (save(wait=False)); it was not committed and the checkpoint "
+                "before it is intact"
+            )
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                exc.add_note(note)
+            log.error(
+                "background save failed after %.1f s: %s: %s (raised at the next save or at the end of the task; "
+                "the checkpoint before it is intact)",
+                time.monotonic() - started,
+                type(exc).__name__,
+                exc,
+            )
+        finally:
+            if self._snapshot is not None:
+                self._snapshot.discard()
+            self._done.set()
+
+
 class TaskState:
     """The state of one stateful task instance, shared by all its tries.
 
@@ -64,6 +176,8 @@ class TaskState:
     :param checkpoint_every: default for :meth:`resume`: commit after this many finished items.
     :param checkpoint_interval: default for :meth:`resume`: commit at least this often.
     :param clock: monotonic seconds, for ``checkpoint_interval``; injectable for tests.
+    :param staging_dir: where ``save(files=..., wait=False)`` copies the files it snapshots; default: a
+        hidden ``.stateful-staging`` directory beside the saved path (see :mod:`airflow_stateful.core.snapshot`).
     """
 
     def __init__(
@@ -73,9 +187,17 @@ class TaskState:
         checkpoint_every: int | None = None,
         checkpoint_interval: timedelta | None = None,
         clock: Callable[[], float] = time.monotonic,
+        staging_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self._session = session
         self._value = session.value
+        # What the task sees of the store, changed only in the task's own calls (never by the background save).
+        self._latest: Manifest | None = session.latest
+        # Bumped by every assignment to .value: a background save that lands later must not undo one.
+        self._generation = 0
+        self._pending: PendingSave | None = None
+        self._collect_lock = threading.Lock()
+        self._staging_dir = staging_dir
         self._resumed = session.latest is not None
         # resume() positions belong to one DAG run: a named identity carries its value into the next run,
         # but the next run iterates over new data and must start at its first item.
@@ -92,7 +214,10 @@ class TaskState:
     # -- reading -------------------------------------------------------------------------------------------
     @property
     def value(self) -> Any:
-        """The last committed value (or what this try set since); ``None`` when nothing was ever saved."""
+        """The last committed value (or what this try set since); ``None`` when nothing was ever saved.
+
+        A background save changes it only once the task has waited for it (see the module's docstring).
+        """
         return self._value
 
     @value.setter
@@ -102,6 +227,7 @@ class TaskState:
             new, self._session.value_codec
         )  # fail now, naming the problem, not at the next checkpoint
         self._value = new
+        self._generation += 1
 
     @property
     def resumed(self) -> bool:
@@ -110,9 +236,15 @@ class TaskState:
 
     @property
     def checkpoint(self) -> CheckpointInfo | None:
-        """The newest checkpoint this state knows: the one it started from, or the last one it saved."""
-        latest = self._session.latest
+        """The newest checkpoint this state knows: the one it started from, or the last one it saved (a
+        background save counts once the task has waited for it)."""
+        latest = self._latest
         return CheckpointInfo.of(latest) if latest else None
+
+    @property
+    def pending_save(self) -> PendingSave | None:
+        """The background save the task has not waited for yet (running or finished), or ``None``."""
+        return self._pending
 
     @property
     def stop_requested(self) -> bool:
@@ -133,9 +265,39 @@ class TaskState:
         return self._session.checkpoints.history()
 
     # -- writing -------------------------------------------------------------------------------------------
+    @overload
     def save(
-        self, value: Any, files: str | Path | None = None, *, follow_symlinks: bool = False
-    ) -> CheckpointInfo:
+        self,
+        value: Any,
+        files: str | Path | None = None,
+        *,
+        follow_symlinks: bool = False,
+        wait: Literal[True] = True,
+    ) -> CheckpointInfo: ...
+
+    @overload
+    def save(
+        self,
+        value: Any,
+        files: str | Path | None = None,
+        *,
+        follow_symlinks: bool = False,
+        wait: Literal[False],
+    ) -> PendingSave: ...
+
+    @overload
+    def save(
+        self, value: Any, files: str | Path | None = None, *, follow_symlinks: bool = False, wait: bool
+    ) -> CheckpointInfo | PendingSave: ...
+
+    def save(
+        self,
+        value: Any,
+        files: str | Path | None = None,
+        *,
+        follow_symlinks: bool = False,
+        wait: bool = True,
+    ) -> CheckpointInfo | PendingSave:
         """Commit ``value`` (and, atomically with it, the file or directory ``files``) as a checkpoint.
 
         With ``files=None`` the checkpoint keeps the files of the previous one. If a stop was requested,
@@ -143,11 +305,85 @@ class TaskState:
         sees changes: :attr:`value` is what it was before the call. Symbolic links below ``files`` are refused
         by name unless ``follow_symlinks=True``; then they are saved as what they point to, which must be
         inside ``files``.
+
+        ``wait=False`` snapshots the value and the files (a copy in a staging directory) and returns a
+        :class:`PendingSave` while the upload and the commit run in the background; the task may change
+        ``files`` and the value right away. Bad input still fails here, before the call returns. The next
+        save, a ``resume()`` commit and the end of the task wait for it, and raise its error if it failed
+        (the call that raises it does nothing else). While a stop is requested the save is synchronous.
+
+        Every save first waits for a background save still in flight.
         """
-        info = self._commit(value, dict(self._cursors), files=files, follow_symlinks=follow_symlinks)
-        if self.stop_requested:
-            raise StopRequested(f"stop requested; progress saved in checkpoint {info.seq}")
-        return info
+        if wait or self.stop_requested:
+            info = self._commit(value, dict(self._cursors), files=files, follow_symlinks=follow_symlinks)
+            if self.stop_requested:
+                raise StopRequested(f"stop requested; progress saved in checkpoint {info.seq}")
+            return info
+        return self._save_in_background(value, files, follow_symlinks=follow_symlinks)
+
+    def wait_for_save(self) -> CheckpointInfo | None:
+        """Wait for the background save in flight, if any: its checkpoint, or raise its error; ``None`` if none.
+
+        ``StatefulOperator`` calls this when the task's code returns, so a failed background save fails the
+        try (and the retry resumes from the last checkpoint that landed).
+        """
+        pending = self._pending
+        if pending is None:
+            return None
+        pending._done.wait()
+        if self._collect(pending) and pending._error is not None:
+            raise pending._error
+        return CheckpointInfo.of(pending._manifest) if pending._manifest else None
+
+    def _collect(self, pending: PendingSave) -> bool:
+        """Let the task see a finished background save; False if it was already seen (by another wait)."""
+        with self._collect_lock:
+            if self._pending is not pending:
+                return False
+            self._pending = None
+            if pending._manifest is not None:
+                self._latest = pending._manifest
+                if self._generation == pending._generation:
+                    self._value = pending._value
+            return True
+
+    def _save_in_background(
+        self, value: Any, files: str | Path | None, *, follow_symlinks: bool
+    ) -> PendingSave:
+        self.wait_for_save()  # one save in flight at a time; a failed one is raised here, before this one starts
+        self._session.ensure_alive()  # a fenced try stops now, before copying gigabytes
+        frozen = snapshot_value(value, self._session.value_codec)
+        cursors = dict(self._cursors)
+        snapshot = None
+        if files is not None:
+            snapshot = snapshot_files(files, follow_symlinks=follow_symlinks, staging_root=self._staging_dir)
+            log.info(
+                "background save: %d file(s), %s snapshotted in %.2f s (%s) into %s; the task goes on while it "
+                "uploads",
+                snapshot.files,
+                human_bytes(snapshot.bytes),
+                snapshot.seconds,
+                snapshot.method,
+                snapshot.entry.parent,
+            )
+        pending = PendingSave(self, value=frozen, generation=self._generation, snapshot=snapshot)
+        session = self._session
+
+        def commit() -> Manifest:
+            return session.commit(
+                frozen,
+                files=snapshot.path if snapshot else None,
+                extra={_CURSORS: cursors} if cursors else None,
+            )
+
+        try:
+            pending._start(commit, name=f"stateful-save-{session.identity.key[:40]}")
+        except BaseException:
+            if snapshot is not None:
+                snapshot.discard()
+            raise
+        self._pending = pending
+        return pending
 
     def _commit(
         self,
@@ -158,23 +394,33 @@ class TaskState:
         follow_symlinks: bool = False,
     ) -> CheckpointInfo:
         """Commit ``value`` with the resume positions ``cursors``; adopt the value only once the commit landed."""
+        self.wait_for_save()
         manifest = self._session.commit(
             value,
             files=files,
             extra={_CURSORS: cursors} if cursors else None,
             follow_symlinks=follow_symlinks,
         )
-        self._value = value
+        self._value, self._latest = value, manifest
         return CheckpointInfo.of(manifest)
 
+    def _commit_value(self, cursors: dict[str, int]) -> CheckpointInfo:
+        """Commit :attr:`value` as it is once a background save in flight has been waited for (it may set it)."""
+        self.wait_for_save()
+        return self._commit(self._value, cursors)
+
     def _cursors_saved(self, key: str, position: int) -> bool:
-        latest = self._session.latest
+        latest = self._latest
         saved = (latest.extra.get(_CURSORS) or {}) if latest else {}
         return bool(saved.get(key) == position)
 
     def restore_files(self, dest: str | Path) -> list[Path]:
-        """Restore the files of the newest checkpoint into directory ``dest``, verified; ``[]`` if none."""
-        return self._session.restore_files(dest)
+        """Restore the files of the newest checkpoint into directory ``dest``, verified; ``[]`` if none.
+
+        Waits for a background save in flight first (and raises its error), so "newest" includes it.
+        """
+        self.wait_for_save()
+        return self._session.restore_files(dest, self._latest)
 
     def resume(
         self,
@@ -207,7 +453,7 @@ class TaskState:
             self._session.ensure_alive()  # a zombie stops here, before doing an item twice
             if self.stop_requested:
                 self._cursors[key] = position
-                info = self._commit(self._value, dict(self._cursors))
+                info = self._commit_value(dict(self._cursors))
                 raise StopRequested(
                     f"stop requested after {position} items; progress saved in checkpoint {info.seq}"
                 )
@@ -217,8 +463,8 @@ class TaskState:
             due_items = every is not None and position % every == 0
             due_time = interval is not None and self._clock() - since >= interval.total_seconds()
             if due_items or due_time:
-                self._commit(self._value, dict(self._cursors))
+                self._commit_value(dict(self._cursors))
                 committed, since = position, self._clock()
         self._cursors[key] = position
         if position != committed or not self._cursors_saved(key, position):
-            self._commit(self._value, dict(self._cursors))
+            self._commit_value(dict(self._cursors))

@@ -13,6 +13,9 @@ Which stops use a retry:
   ``resume()`` step or ``save()`` commits and the try ends by *rescheduling*, which does not use a retry;
 * the task instance is marked failed or cleared in Airflow: Airflow has already decided the try's fate and
   kills the process a few seconds after SIGTERM; whatever was committed until then stays.
+
+A save running in the background (``state.save(..., wait=False)``) is always waited for before the session
+closes: when the code returns (its error then fails the try), on a stop, and when the code raised.
 """
 
 from __future__ import annotations
@@ -101,8 +104,16 @@ class StatefulOperator(StatefulMixin, BaseOperator):
                     state.request_stop()
                 try:
                     result = self.execute_stateful(context, state)
+                    # The end of the task waits for a save still running in the background
+                    # (save(wait=False)); if it failed, its error fails this try and the retry resumes from
+                    # the last checkpoint that landed.
+                    state.wait_for_save()
                 except StopRequested as stop:
+                    _settle_background_save(state)
                     raise self.reschedule(stop) from stop
+                except BaseException:
+                    _settle_background_save(state)
+                    raise
                 if self.on_success == "delete":
                     session.purge()
                 return result
@@ -115,3 +126,16 @@ class StatefulOperator(StatefulMixin, BaseOperator):
         self._stop_early = True
         if self._state is not None:
             self._state.request_stop()
+
+
+def _settle_background_save(state: TaskState) -> None:
+    """Let a background save finish before the session closes and gives the lease up; never raises.
+
+    The try is already ending with its own exception (or a stop), which is what Airflow must see; a failed
+    background save is logged beside it. Letting the save finish, rather than abandoning it, keeps the progress
+    it carries when it lands.
+    """
+    try:
+        state.wait_for_save()
+    except Exception as exc:
+        log.error("a background save also failed: %s: %s", type(exc).__name__, exc)
