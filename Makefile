@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ is needed, this is " + sys.version'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,kubernetes]'
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,kubernetes,bench]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_store.py
+	$(PY) benchmarks/run_all.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -9,18 +9,25 @@ checks that no checkpoint any head lists has lost an object.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from airflow_stateful.core import CheckpointStore, Identity
-from airflow_stateful.core.errors import CheckpointNotFoundError, ObjectNotFoundError, StoreError
+from airflow_stateful.core.errors import (
+    CheckpointCorruptError,
+    CheckpointNotFoundError,
+    ObjectNotFoundError,
+    StoreError,
+)
 from airflow_stateful.core.gc import apply_gc, group_by_identity, plan_gc
-from airflow_stateful.core.records import HEAD_NAME
+from airflow_stateful.core.records import HEAD_NAME, canonical_json, sha256_hex
 from airflow_stateful.core.stores.base import Blob, ObjectInfo, ObjectStore, ProgressCallback, StoredFile
 
 
@@ -38,10 +45,11 @@ def missing_references(store: ObjectStore, identity: Identity) -> list[str]:
     absent: dict[str, list[str]] = {}
     present = {info.key for info in store.list_objects(f"{identity.key}/")}
     for entry in head.checkpoints:
-        needed = [entry.manifest]
+        needed = [entry.manifest] if entry.manifest else []
+        needed += [entry.tree.key] if entry.tree else []
         # Pruned meanwhile (the second head read decides) or missing (then the manifest is reported).
-        with contextlib.suppress(CheckpointNotFoundError, ObjectNotFoundError):
-            needed += [f.key for f in cs.get(entry.seq).files]
+        with contextlib.suppress(CheckpointNotFoundError, ObjectNotFoundError, CheckpointCorruptError):
+            needed += [key for f in cs.files(cs.get(entry.seq)) for key in f.keys]
         absent[entry.commit_id] = [key for key in needed if key not in present]
     after = cs.head()
     still = {e.commit_id for e in after.checkpoints} if after else set()
@@ -144,9 +152,19 @@ class OutageStore(ObjectStore):
         self._check()
         return self.inner.get(key, max_bytes=max_bytes)
 
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        adopt_identical: bool = True,
+    ) -> str:
         self._check()
-        return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+        return self.inner.put(
+            key, data, if_none_match=if_none_match, if_match=if_match, adopt_identical=adopt_identical
+        )
 
     def upload_file(self, key: str, path: Path, *, progress: ProgressCallback | None = None) -> StoredFile:
         self._check()
@@ -169,3 +187,35 @@ class OutageStore(ObjectStore):
     def delete_many(self, keys: Iterable[str]) -> None:
         self._check()
         self.inner.delete_many(keys)
+
+
+def rewrite_latest_tree(
+    store: ObjectStore, identity: Identity, change: Callable[[dict[str, Any]], None]
+) -> None:
+    """Change the file tree of the newest checkpoint as someone with write access to the bucket could: the tree
+    is written under its new content name and every hash on the way up (manifest, head) is recomputed, so only
+    the library's own checks of the *content* can catch it.
+
+    The newest checkpoint must have a manifest object (commit a value too big to ride inline).
+    """
+    head_key = f"{identity.key}/~head.json"
+    head = json.loads(store.get(head_key).data)
+    entry = head["checkpoints"][-1]
+    manifest = json.loads(store.get(entry["manifest"]).data)
+    tree = json.loads(store.get(manifest["tree"]["key"]).data)
+    change(tree)
+    data = canonical_json(tree) + b"\n"
+    sha = sha256_hex(data)
+    ref = {**manifest["tree"], "key": f"{identity.key}/~trees/{sha}.json", "sha256": sha, "size": len(data)}
+    store.put(ref["key"], data)
+    manifest["tree"] = entry["tree"] = ref
+    body = canonical_json(manifest) + b"\n"
+    store.put(entry["manifest"], body)
+    entry["manifest_sha256"], entry["manifest_size"] = sha256_hex(body), len(body)
+    head.pop("checksum", None)
+    head["checksum"] = sha256_hex(canonical_json(head))
+    store.put(head_key, canonical_json(head))
+
+
+BALLAST = ["x" * 100] * 100
+"""A value part too big to ride inline in the head: the checkpoint gets a manifest object."""

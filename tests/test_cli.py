@@ -117,7 +117,7 @@ def test_rollback_commits_a_copy_and_respects_a_live_lease(
     assert code == 0 and json.loads(out) == [{"identity": WATERMARK.key, "seq": 4, "copy_of": 1}]
     wm = open_cs(backend, WATERMARK)
     latest = wm.latest()
-    assert latest is not None and latest.value == {"watermark": "2026-11-01"} and len(latest.files) == 2
+    assert latest is not None and latest.value == {"watermark": "2026-11-01"} and latest.file_count == 2
     wm.restore_files(latest, tmp_path / "rolled")
     files: Path = seeded["files"]  # type: ignore[assignment]
     assert (tmp_path / "rolled" / "model.bin").read_bytes() == (files / "model.bin").read_bytes()
@@ -170,14 +170,14 @@ def test_verify_reports_corruption_and_repairs_nothing(
     code, out, _ = cli(capsys, backend, "verify", "--all", "--json")
     assert code == 0 and {r["status"] for r in json.loads(out)} == {"ok"}
     wm: CheckpointStore = seeded["wm"]  # type: ignore[assignment]
-    victim = wm.get(1).files[0]
-    wm.store.put(victim.key, b"bit rot")
+    victim_key = wm.files(wm.get(1))[0].keys[0]
+    wm.store.put(victim_key, b"bit rot")
     code, out, _ = cli(capsys, backend, "verify", WATERMARK.key, "--json")
     rows = {r["seq"]: r["status"] for r in json.loads(out)}
     assert code == 1
-    assert rows[1].startswith("CORRUPT") and victim.key in rows[1]
+    assert rows[1].startswith("CORRUPT") and victim_key in rows[1]
     assert rows[2] == rows[3] == "ok"
-    assert wm.store.get(victim.key).data == b"bit rot", "verify never repairs silently"
+    assert wm.store.get(victim_key).data == b"bit rot", "verify never repairs silently"
 
 
 def test_gc_dry_run_lists_exactly_what_the_real_run_deletes(

@@ -169,7 +169,7 @@ def test_file_checkpoint_retry_restores_value_and_files_byte_identical(
     assert latest is not None
     assert latest.value == {"epoch": 4, "loss": 0.25}
     assert latest.writer.try_number == 2
-    sizes = {f.path: f.size for f in latest.files}
+    sizes = {f.path: f.size for f in checkpoints.files(latest)}
     assert sizes["weights.bin"] == 32 * 1024 * 1024
     final = tmp_path / "final"
     checkpoints.restore_files(latest, final)

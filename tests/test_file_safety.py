@@ -4,17 +4,16 @@ writing outside the restore destination, and a clear error naming the path for e
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from maintenance import keys, read_tree, tree
+from maintenance import BALLAST, keys, read_tree, rewrite_latest_tree, tree
 from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity
 from airflow_stateful.core.errors import InvalidValueError
-from airflow_stateful.core.stores.base import ObjectStore, ProgressCallback, StoredFile
+from airflow_stateful.core.stores.base import Blob, ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 
 IDENTITY = Identity.for_task(dag_id="etl", task_id="files", run_id="manual__1")
@@ -72,7 +71,7 @@ def test_links_inside_the_directory_are_refused_by_name_or_followed_on_request(
     cs = CheckpointStore(store=store, identity=IDENTITY)
     latest = cs.latest()
     assert latest is not None
-    assert sorted(f.path for f in latest.files) == [
+    assert sorted(f.path for f in cs.files(latest)) == [
         "current/b.txt",
         "data/a.txt",
         "data/sub/b.txt",
@@ -132,11 +131,16 @@ def test_restore_onto_a_file_where_a_directory_belongs_changes_nothing(
 
 
 class VanishingStore(LocalObjectStore):
-    """A real directory store during whose upload the job deletes the file being saved."""
+    """A real directory store; while a commit checks its lease (after listing the files, before reading them),
+    the job deletes one of the files being saved."""
 
-    def upload_file(self, key: str, path: Path, *, progress: ProgressCallback | None = None) -> StoredFile:
-        os.unlink(path)
-        return super().upload_file(key, path, progress=progress)
+    vanish: Path | None = None
+
+    def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
+        if self.vanish is not None and key.endswith("~head.json"):
+            self.vanish.unlink()
+            self.vanish = None
+        return super().get(key, max_bytes=max_bytes)
 
 
 def test_a_file_that_disappears_while_it_is_saved_fails_cleanly(tmp_path: Path) -> None:
@@ -144,8 +148,10 @@ def test_a_file_that_disappears_while_it_is_saved_fails_cleanly(tmp_path: Path) 
     cs = CheckpointStore(store=store, identity=IDENTITY)
     lease = cs.acquire()
     cs.commit(lease, {"v": 0})
-    with pytest.raises(InvalidValueError, match=r"'a.txt' disappeared while the checkpoint was being saved"):
-        cs.commit(lease, {"v": 1}, files=tree(tmp_path / "work", {"a.txt": b"a"}))
+    work = tree(tmp_path / "work", {"a.txt": b"a", "b.txt": b"b"})
+    store.vanish = work / "b.txt"
+    with pytest.raises(InvalidValueError, match=r"'b.txt' disappeared while the checkpoint was being saved"):
+        cs.commit(lease, {"v": 1}, files=work)
     assert cs.latest().value == {"v": 0}  # type: ignore[union-attr]
 
 
@@ -153,25 +159,12 @@ def test_a_file_that_disappears_while_it_is_saved_fails_cleanly(tmp_path: Path) 
 def test_a_crafted_manifest_path_is_refused_and_nothing_is_written(
     store: ObjectStore, tmp_path: Path, path: str
 ) -> None:
-    """A manifest (checksummed by its head, so re-signed by whoever crafted it) naming a path out of dest."""
-    import json
-
+    """A tree (re-hashed up to the head by whoever crafted it) naming a path out of the destination."""
     from airflow_stateful.core.errors import CheckpointCorruptError
-    from airflow_stateful.core.records import canonical_json, sha256_hex
 
-    commit(store, tree(tmp_path / "work", {"a.txt": b"a"}))
-    head_key = f"{IDENTITY.key}/~head.json"
-    head = json.loads(store.get(head_key).data)
-    entry = head["checkpoints"][-1]
-    manifest = json.loads(store.get(entry["manifest"]).data)
-    manifest["files"][0]["path"] = path
-    data = canonical_json(manifest) + b"\n"
-    store.put(entry["manifest"], data)
-    entry["manifest_sha256"], entry["manifest_size"] = sha256_hex(data), len(data)
-    del head["checksum"]
-    head["checksum"] = sha256_hex(canonical_json(head))
-    store.put(head_key, canonical_json(head))
     cs = CheckpointStore(store=store, identity=IDENTITY)
+    cs.commit(cs.acquire(), {"v": 1, "ledger": BALLAST}, files=tree(tmp_path / "work", {"a.txt": b"a"}))
+    rewrite_latest_tree(store, IDENTITY, lambda t: t["files"][0].update(path=path))
     latest = cs.latest()
     assert latest is not None
     dest = tmp_path / "deep" / "dest"

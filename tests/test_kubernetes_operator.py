@@ -221,7 +221,8 @@ def test_pre_start_migrates_schema_1_to_2_and_the_pod_gets_the_next_epoch(
     latest = checkpoints_at(state_url, identity).latest()
     assert latest is not None
     assert (latest.schema_version, latest.value) == (2, {"cursor": 3}), "migrated before the pod starts"
-    assert [f.path for f in latest.files] == ["model.bin"], "the migrated checkpoint keeps the files"
+    files = checkpoints_at(state_url, identity).files(latest)
+    assert [f.path for f in files] == ["model.bin"], "the migrated checkpoint keeps the files"
     assert plan.lease.epoch == old_epoch + 1
     env = env_of(base(pod))
     assert env["STATEFUL_IDENTITY"] == identity.key
@@ -733,7 +734,7 @@ def test_execute_leases_runs_the_pod_and_pushes_the_final_checkpoint(
     identity = Identity.for_task(dag_id="train", task_id="fit", run_id="manual__1")
     store = checkpoints_at(state_url, identity)
     latest = store.latest()
-    assert latest is not None and [f.path for f in latest.files] == ["model.bin"]
+    assert latest is not None and [f.path for f in store.files(latest)] == ["model.bin"]
     assert ref == {
         "identity": identity.key,
         "url": state_url,

@@ -140,7 +140,7 @@ def test_run_saves_on_sigterm_and_the_next_pod_resumes(pod: dict[str, object]) -
     latest = checkpoints.latest()
     assert latest is not None
     assert latest.value == {"count": stopped_at}, "the final save after SIGTERM holds the last progress"
-    assert [f.path for f in latest.files] == ["data/progress.txt"], "the value file is not a data file"
+    assert [f.path for f in checkpoints.files(latest)] == ["data/progress.txt"], "the value file is not data"
     assert latest.extra.get("image") == "example/train:1.2"
     assert latest.writer.try_number == 1
 

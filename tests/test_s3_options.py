@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import ipaddress
 import logging
 import os
@@ -91,15 +92,18 @@ def big_and_small(root: Path, *, big: int = 11 * MIB) -> Path:
 
 
 def full_cycle(store: S3ObjectStore, tmp: Path) -> dict[str, str]:
-    """Every kind of request the package makes: commits (small and multipart files), restore (whole and ranged
-    gets), retention deletes, crash-garbage GC, task state documents and their expiry, and the lost-completion
-    check of a multipart upload (HeadObject) followed by its abort. Returns the keys written, by kind."""
+    """Every kind of request the package makes: commits (chunks, trees, an out-of-line manifest), restore
+    (whole gets of chunks), a large object written in parts and read with ranged gets, retention deletes,
+    crash-garbage GC, task state documents and their expiry, and the lost-completion check of a multipart
+    upload (HeadObject) followed by its abort. Returns the keys written, by kind."""
     identity = Identity.parse(f"cycle/{uuid.uuid4().hex[:8]}")
     cs = CheckpointStore(store=store, identity=identity, keep_last=1)
     lease = cs.acquire()
     files = big_and_small(tmp)
     cs.commit(lease, {"step": 1}, files=files)
-    second = cs.commit(lease, {"step": 2}, files=files)  # keep_last=1: the first is deleted (DeleteObjects)
+    # A value too big to ride inline in the head gets a manifest object of its own; keep_last=1: the first
+    # checkpoint is deleted (DeleteObjects, off the commit path).
+    second = cs.commit(lease, {"step": 2, "pad": "x" * 10_000}, files=files)
     restored = cs.restore_files(cs.latest() or second, tmp / "out")  # whole gets and ranged gets
     assert sorted(p.name for p in restored) == ["big.bin", "small.txt"]
     assert (tmp / "out" / "nested" / "big.bin").read_bytes() == (files / "nested" / "big.bin").read_bytes()
@@ -126,6 +130,15 @@ def full_cycle(store: S3ObjectStore, tmp: Path) -> dict[str, str]:
     other.write_bytes(os.urandom(6 * MIB))
     with pytest.raises(Exception, match=r"lost|exists"):
         store.upload_file(duplicate, other)
+    # Checkpoint chunks are at most 4 MiB (whole GETs); a large object is read with ranged GETs.
+    big = files / "nested" / "big.bin"
+    store.download_file(
+        duplicate,
+        tmp / "duplicate.bin",
+        size=big.stat().st_size,
+        sha256=hashlib.sha256(big.read_bytes()).hexdigest(),
+    )
+    assert (tmp / "duplicate.bin").read_bytes() == big.read_bytes()
     return {"head": f"{identity.key}/head.json", "state": kept, "duplicate": duplicate}
 
 
@@ -154,14 +167,16 @@ def test_every_object_written_carries_the_configured_encryption(
         )
         for o in page.get("Contents", [])
     ]
-    kinds = {"head.json": 0, "~manifests/": 0, "~data/": 0, "~task-state/": 0}
+    kinds = {"head.json": 0, "~manifests/": 0, "~trees/": 0, "~chunks/": 0, "~data/": 0, "~task-state/": 0}
     for key in keys:
         head = client.head_object(Bucket=moto.bucket, Key=key)
         assert head.get("ServerSideEncryption") == options["server_side_encryption"], key
         assert head.get("SSEKMSKeyId") == options.get("sse_kms_key_id"), key
         for marker in kinds:
             kinds[marker] += marker in key
-    assert all(kinds.values()), f"heads, manifests, data files and state documents were all checked: {kinds}"
+    assert all(kinds.values()), (
+        f"heads, manifests, trees, chunks, data files and state documents were all checked: {kinds}"
+    )
     multipart = [k for k in keys if client.head_object(Bucket=moto.bucket, Key=k)["ETag"].endswith('-3"')]
     assert multipart, "a multipart object was among them"
 
@@ -219,7 +234,7 @@ def test_every_request_carries_the_expected_bucket_owner(
         recorder.close()
     assert set(recorder.operations()) >= EVERY_OPERATION, recorder.operations()
     ranged = [s for s in recorder.sent if s.operation == "GetObject" and "range" in s.headers]
-    assert ranged, "the multipart file was restored with ranged gets"
+    assert ranged, "the large object was read with ranged gets"
     missing = [
         (s.operation, s.url) for s in recorder.sent if s.headers.get("x-amz-expected-bucket-owner") != OWNER
     ]
@@ -237,7 +252,8 @@ def test_no_owner_header_unless_configured(s3_endpoint: S3Endpoint, s3_prefix: s
 
 
 def test_the_options_cost_no_request(moto: S3Endpoint, s3_prefix: str, tmp_path: Path) -> None:
-    """A small commit sends as many requests with encryption and owner as without (4, then 2)."""
+    """A small commit sends as many requests with encryption and owner as without: a re-save of unchanged
+    files 2 (the tree's check, the head), a value-only save 1 (the head, its manifest inline)."""
 
     def count(**options: Any) -> list[int]:
         with moto.store(f"{s3_prefix}/{len(options)}", **options) as store:
@@ -255,7 +271,7 @@ def test_the_options_cost_no_request(moto: S3Endpoint, s3_prefix: str, tmp_path:
 
     plain = count()
     assert count(expected_bucket_owner=OWNER, **ENCRYPTIONS["sse-kms"]) == plain  # type: ignore[arg-type]
-    assert plain == [4, 2]
+    assert plain == [2, 1]
 
 
 # -- botocore config and TLS -------------------------------------------------------------------------------
@@ -267,7 +283,7 @@ def test_config_kwargs_reach_the_client_merged_with_the_stores_needs(moto: S3End
             "connect_timeout": 3,
             "read_timeout": 7,
             "retries": {"mode": "adaptive", "total_max_attempts": 3},
-            "max_pool_connections": 2,  # too few for 8 parallel parts: raised to 16
+            "max_pool_connections": 2,  # too few for 16 chunks in flight: raised to 4 x max_concurrency
             "s3": {"addressing_style": "virtual"},
         },
         **moto.options(),
@@ -275,7 +291,7 @@ def test_config_kwargs_reach_the_client_merged_with_the_stores_needs(moto: S3End
     config = store.client.meta.config
     assert (config.connect_timeout, config.read_timeout) == (3, 7)
     assert config.retries == {"mode": "adaptive", "total_max_attempts": 3}
-    assert config.max_pool_connections == 16
+    assert config.max_pool_connections == 32
     assert config.s3 == {"addressing_style": "virtual"}
 
     down = S3ObjectStore(
@@ -293,7 +309,7 @@ def test_default_config_is_unchanged(moto: S3Endpoint) -> None:
     config = S3ObjectStore(bucket=moto.bucket, **moto.options()).client.meta.config
     assert config.retries == {"mode": "standard", "total_max_attempts": 6}  # max_attempts 5, as before
     assert config.s3 == {"addressing_style": "path"}
-    assert config.max_pool_connections == 10
+    assert config.max_pool_connections == 16  # 8 chunks in flight and the heads read beside them
 
 
 class TlsTerminator:

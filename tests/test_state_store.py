@@ -342,8 +342,18 @@ class RewriteBeforeDelete(ObjectStore):
     def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
         return self.inner.get(key, max_bytes=max_bytes)
 
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
-        return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        adopt_identical: bool = True,
+    ) -> str:
+        return self.inner.put(
+            key, data, if_none_match=if_none_match, if_match=if_match, adopt_identical=adopt_identical
+        )
 
     def upload_file(self, key: str, path: Path, *, progress: Any = None) -> StoredFile:
         return self.inner.upload_file(key, path, progress=progress)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from maintenance import BALLAST, rewrite_latest_tree
 from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo
@@ -46,7 +47,7 @@ def seed(store: ObjectStore, tmp_path: Path) -> dict[str, Any]:
     lease = cs.acquire(holder=WriterInfo(host="worker-1", try_number=1))
     (tmp_path / "f").mkdir(exist_ok=True)
     (tmp_path / "f" / "a.txt").write_text("a")
-    cs.commit(lease, {"n": 1}, files=tmp_path / "f")
+    cs.commit(lease, {"n": 1, "ledger": BALLAST}, files=tmp_path / "f")  # a manifest object, not inline
     return json.loads(store.get(HEAD).data)
 
 
@@ -113,28 +114,29 @@ def test_a_crafted_head_with_a_valid_checksum_is_refused_field_by_field(
     assert store.get(HEAD).data == data
 
 
-def rewrite_first_file(store: ObjectStore, tmp_path: Path, **changes: str) -> None:
-    """Change the first file entry of the seeded checkpoint's manifest, and re-record its hash in the head."""
-    body = seed(store, tmp_path)
-    entry = body["checkpoints"][0]
-    manifest = json.loads(store.get(entry["manifest"]).data)
-    manifest["files"][0].update(changes)
-    data = canonical_json(manifest) + b"\n"
-    store.put(entry["manifest"], data)
-    entry["manifest_sha256"], entry["manifest_size"] = sha256_hex(data), len(data)
-    write_head(store, body)
+def test_a_tree_naming_a_chunk_outside_its_identity_is_refused(store: ObjectStore, tmp_path: Path) -> None:
+    seed(store, tmp_path)
+
+    def steal(tree: dict[str, Any]) -> None:  # point at another tenant's chunk
+        chunk = tree["files"][0]["chunks"][0]
+        chunk["key"] = f"{OTHER.key}/~chunks/{chunk['sha256']}"
+
+    rewrite_latest_tree(store, IDENTITY, steal)
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    latest = cs.latest()
+    assert latest is not None
+    with pytest.raises(CheckpointCorruptError, match=r"is not the ~chunks object of content .* in identity"):
+        cs.restore_files(latest, tmp_path / "out")
 
 
-def test_a_manifest_naming_data_outside_its_identity_is_refused(store: ObjectStore, tmp_path: Path) -> None:
-    rewrite_first_file(store, tmp_path, key=f"{OTHER.key}/~data/{'b' * 32}/0")  # another tenant's data
-    with pytest.raises(CheckpointCorruptError, match=r"is not a data object of identity"):
-        CheckpointStore(store=store, identity=IDENTITY).latest()
-
-
-def test_a_manifest_with_a_nul_in_a_path_is_refused(store: ObjectStore, tmp_path: Path) -> None:
-    rewrite_first_file(store, tmp_path, path="a\x00.txt")
+def test_a_tree_with_a_nul_in_a_path_is_refused(store: ObjectStore, tmp_path: Path) -> None:
+    seed(store, tmp_path)
+    rewrite_latest_tree(store, IDENTITY, lambda tree: tree["files"][0].update(path="a\x00.txt"))
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    latest = cs.latest()
+    assert latest is not None
     with pytest.raises(CheckpointCorruptError, match=r"'path'"):
-        CheckpointStore(store=store, identity=IDENTITY).latest()
+        cs.restore_files(latest, tmp_path / "out")
 
 
 def test_an_oversized_head_is_refused_unread_with_bounded_memory(store: ObjectStore) -> None:
@@ -220,7 +222,7 @@ def test_signed_heads_verify_and_a_forged_one_is_refused(store: ObjectStore, tmp
     signing(store, required=True)
     body = seed(store, tmp_path)  # written through the signing store: signed
     assert body["signature"]["key_id"] == "prod-1" and len(body["signature"]["hmac_sha256"]) == 64
-    assert CheckpointStore(store=store, identity=IDENTITY).latest().value == {"n": 1}  # type: ignore[union-attr]
+    assert CheckpointStore(store=store, identity=IDENTITY).latest().value["n"] == 1  # type: ignore[union-attr]
     # Someone with write access to the bucket, but not the key: a valid checksum is not enough any more.
     body["checkpoints"][0]["schema_version"] = 7
     write_head(store, body)

@@ -17,14 +17,13 @@ import json
 import logging
 import os
 import sys
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_stateful.cli.output import emit
-from airflow_stateful.core.catalog import list_identities
+from airflow_stateful.cli.output import TABLE_PAGE, emit
+from airflow_stateful.core.catalog import list_identities, read_heads
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.durations import parse_duration
 from airflow_stateful.core.errors import (
@@ -38,7 +37,7 @@ from airflow_stateful.core.errors import (
 from airflow_stateful.core.gc import apply_gc, group_by_identity, plan_gc
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.item_progress import ItemProgress
-from airflow_stateful.core.records import WriterInfo
+from airflow_stateful.core.records import HeadRecord, WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.usage import DEFAULT_PRICE_PER_GB_MONTH, GB, disk_usage
 
@@ -74,27 +73,41 @@ def checkpoints_of(store: ObjectStore, key: str) -> CheckpointStore:
     return cs
 
 
+LS_COLUMNS = ["identity", "seq", "kept", "bytes", "epoch", "lease", "updated"]
+
+
 def _cmd_ls(args: argparse.Namespace, store: ObjectStore) -> int:
-    rows = []
-    for identity, _ in list_identities(store, args.prefix or ""):
-        head = CheckpointStore(store=store, identity=identity).head()
-        if head is None:
-            continue
-        latest = head.latest
-        lease = head.lease
-        rows.append(
-            {
-                "identity": identity.key,
-                "seq": latest.seq if latest else None,
-                "kept": len(head.checkpoints),
-                "bytes": latest.total_size if latest else 0,
-                "epoch": head.epoch,
-                "lease": lease.holder.describe() if lease else None,
-                "updated": head.updated_at,
-            }
-        )
-    emit(rows, ["identity", "seq", "kept", "bytes", "epoch", "lease", "updated"], as_json=args.json)
-    return EXIT_OK
+    """One delimited listing (an entry per identity), the heads read a few at a time, each row printed as
+    soon as it and those before it are read. A head that cannot be read is a row with its ``error``, the
+    others are still listed, and the exit code is 1."""
+    errors = 0
+
+    def rows() -> Iterator[dict[str, Any]]:
+        nonlocal errors
+        for read in read_heads(store, list_identities(store, args.prefix or "")):
+            if read.error is not None:
+                errors += 1
+                error = f"{type(read.error).__name__}: {read.error}"
+                yield {"identity": read.identity.key, **dict.fromkeys(LS_COLUMNS[1:]), "error": error}
+            elif read.head is not None:  # no head: objects left without state (gc removes them)
+                yield _ls_row(read.identity, read.head)
+
+    emit(rows(), LS_COLUMNS, as_json=args.json, page=TABLE_PAGE)
+    return EXIT_PROBLEM if errors else EXIT_OK
+
+
+def _ls_row(identity: Identity, head: HeadRecord) -> dict[str, Any]:
+    latest = head.latest
+    lease = head.lease
+    return {
+        "identity": identity.key,
+        "seq": latest.seq if latest else None,
+        "kept": len(head.checkpoints),
+        "bytes": latest.total_size if latest else 0,
+        "epoch": head.epoch,
+        "lease": lease.holder.describe() if lease else None,
+        "updated": head.updated_at,
+    }
 
 
 def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
@@ -124,7 +137,7 @@ def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
             "created_at": latest.created_at,
             "schema_version": latest.schema_version,
             "writer": latest.writer.to_json(),
-            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in latest.files],
+            "files": [{"path": f.path, "size": f.size, "objects": len(f.keys)} for f in cs.files(latest)],
             "value": latest.value if latest.value_codec == "json" else f"<{latest.value_codec}>",
         },
     }
@@ -136,7 +149,7 @@ def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
         if latest is not None:
             print(
                 f"latest:    checkpoint {latest.seq} by {latest.writer.describe()} at {latest.created_at}, "
-                f"schema {latest.schema_version}, {len(latest.files)} file(s)"
+                f"schema {latest.schema_version}, {latest.file_count} file(s)"
             )
             print(f"value:     {json.dumps(info['latest']['value'], default=str)[:200]}")  # type: ignore[index]
     return EXIT_OK
@@ -221,26 +234,32 @@ def _cmd_unlock(args: argparse.Namespace, store: ObjectStore) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace, store: ObjectStore) -> int:
-    keys = [i.key for i, _ in list_identities(store)] if args.all else [args.identity]
+    keys = [i.key for i in list_identities(store)] if args.all else [args.identity]
     if not keys:
         raise CheckpointNotFoundError(f"no identity in {store.url}")
     rows, bad = [], 0
     bar = _progress("verify", len(keys))
-    with tempfile.TemporaryDirectory(prefix="stateful-verify-") as scratch:
-        for key in keys:
-            bar()
+    for key in keys:
+        bar()
+        try:
             cs = checkpoints_of(store, key)
-            for entry in cs.history():
-                status = "ok"
-                try:
-                    manifest = cs.get(entry.seq)
-                    for f in manifest.files:  # download and hash every byte, then throw it away
-                        dest = Path(scratch) / "f"
-                        store.download_file(f.key, dest, size=f.size, sha256=f.sha256)
-                        dest.unlink()
-                except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
-                    status, bad = f"CORRUPT: {exc}", bad + 1
-                rows.append({"identity": key, "seq": entry.seq, "files": entry.file_count, "status": status})
+        except CheckpointNotFoundError:
+            if not args.all:
+                raise
+            continue  # listed for objects of its own but no head: no state to verify (gc removes them)
+        except CheckpointCorruptError as exc:
+            if not args.all:
+                raise
+            rows.append({"identity": key, "seq": None, "files": None, "status": f"CORRUPT: {exc}"})
+            bad += 1
+            continue
+        for entry in cs.history():
+            status = "ok"
+            try:
+                cs.verify(cs.get(entry.seq))  # read back and hash every byte, then throw it away
+            except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
+                status, bad = f"CORRUPT: {exc}", bad + 1
+            rows.append({"identity": key, "seq": entry.seq, "files": entry.file_count, "status": status})
     bar.finish()
     emit(rows, ["identity", "seq", "files", "status"], as_json=args.json)
     return EXIT_PROBLEM if bad else EXIT_OK
@@ -295,40 +314,43 @@ def _age(seconds: float | None) -> str | None:
 
 
 def _cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
-    groups = group_by_identity(store, args.prefix or "")
-    bar = _progress("du", len(groups))
-    usage = disk_usage(store, prefix=args.prefix or "", progress=bar)
-    bar.finish()
+    """One full listing (sizes are only in listings), then the heads read a few at a time, each identity's row
+    printed as soon as it is read, and a TOTAL row. A head that cannot be read leaves its row with an
+    ``error`` (its bytes still count) and the exit code 1."""
     price = args.price_per_gb_month
-    rows: list[dict[str, Any]] = [
-        {
-            "identity": u.identity,
-            "checkpoints": u.checkpoints,
-            "objects": u.objects,
-            "bytes": u.bytes,
-            "garbage_bytes": u.garbage_bytes,
-            "idle": _age(u.idle_seconds),
-            "idle_seconds": u.idle_seconds,
-            "usd_per_month": round(u.monthly_cost(price), 6),
-        }
-        for u in usage
-    ]
-    total = sum(u.bytes for u in usage)
-    rows.append(
-        {
+    total = {"checkpoints": 0, "objects": 0, "bytes": 0, "garbage_bytes": 0}
+    errors = 0
+
+    def rows() -> Iterator[dict[str, Any]]:
+        nonlocal errors
+        for u in disk_usage(store, prefix=args.prefix or ""):
+            for field in total:
+                total[field] += getattr(u, field)
+            row = {
+                "identity": u.identity,
+                "checkpoints": u.checkpoints,
+                "objects": u.objects,
+                "bytes": u.bytes,
+                "garbage_bytes": u.garbage_bytes,
+                "idle": _age(u.idle_seconds),
+                "idle_seconds": u.idle_seconds,
+                "usd_per_month": round(u.monthly_cost(price), 6),
+            }
+            if u.error is not None:
+                errors += 1
+                row["error"] = u.error
+            yield row
+        yield {
             "identity": "TOTAL",
-            "checkpoints": sum(u.checkpoints for u in usage),
-            "objects": sum(u.objects for u in usage),
-            "bytes": total,
-            "garbage_bytes": sum(u.garbage_bytes for u in usage),
+            **total,
             "idle": None,
             "idle_seconds": None,
-            "usd_per_month": round(total / GB * price, 6),
+            "usd_per_month": round(total["bytes"] / GB * price, 6),
         }
-    )
+
     columns = ["identity", "checkpoints", "objects", "bytes", "garbage_bytes", "idle", "usd_per_month"]
-    emit(rows, columns, as_json=args.json)
-    return EXIT_OK
+    emit(rows(), columns, as_json=args.json, page=TABLE_PAGE)
+    return EXIT_PROBLEM if errors else EXIT_OK
 
 
 def _duration(text: str) -> timedelta:

@@ -104,7 +104,7 @@ def save(session: WriterSession, directory: Path) -> Manifest:
     value = json.loads(value_file.read_text()) if value_file.exists() else None
     extra = {"image": os.environ["STATEFUL_IMAGE"]} if os.environ.get("STATEFUL_IMAGE") else None
     manifest = session.commit(value, files=directory, exclude=(VALUE_FILE,), extra=extra, keep_files=False)
-    log.info("saved checkpoint %d of %s (%d file(s))", manifest.seq, session.identity, len(manifest.files))
+    log.info("saved checkpoint %d of %s (%d file(s))", manifest.seq, session.identity, manifest.file_count)
     return manifest
 
 

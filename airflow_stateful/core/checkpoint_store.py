@@ -1,29 +1,32 @@
 """CheckpointStore: leases, atomic fenced commits, verified reads and retention for one identity.
 
-The commit protocol (docs/adr/0001-commit-protocol.md), in order:
+The commit protocol (docs/adr/0001-commit-protocol.md, content-addressed since docs/adr/0004), in order:
 
 1. check the writer still holds the lease (fail fast before uploading gigabytes);
-2. upload each file to a new immutable object ``<identity>/~data/<commit_id>/<n>`` (create-if-absent),
-   hashing it on the way;
-3. write the manifest ``<identity>/~manifests/<seq>-<commit_id>.json`` (create-if-absent): value, metadata,
-   file list with sizes and SHA-256;
-4. compare-and-swap the head record: append the entry (with the manifest's SHA-256), drop entries past
-   ``keep_last``, renew the lease, succeeding only while the head carries this writer's epoch and token;
-5. delete the objects of the dropped entries.
+2. cut the files into chunks, hash them, and upload the chunks the identity does not hold yet (in parallel,
+   create-if-absent, ``<identity>/~chunks/<sha256>``); write the file tree (``~trees/<sha256>.json``) unless
+   it is the tree of the checkpoint the writer started from;
+3. build the manifest (value, metadata, tree reference); a small one rides inline in the head entry, a larger
+   one is written as ``~manifests/<seq>-<commit_id>.json`` (create-if-absent);
+4. compare-and-swap the head record: append the entry, drop entries past ``keep_last``, renew the lease,
+   succeeding only while the head carries this writer's epoch and token.
 
 Until step 4 the new objects are invisible garbage; after it the checkpoint is whole. A crash between any
-two steps therefore leaves the previous checkpoint intact and, at worst, unreferenced objects that
-:func:`~airflow_stateful.core.gc.collect_garbage` removes later.
+two steps leaves the previous checkpoint intact and, at worst, unreferenced objects. Objects no kept
+checkpoint needs any more are deleted off the commit path: by :meth:`CheckpointStore.sweep` (the writer, under
+its lease) or by GC (:mod:`airflow_stateful.core.gc`).
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
-import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Collection
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +40,9 @@ from airflow_stateful.core.errors import (
     InvalidValueError,
     ObjectNotFoundError,
     PreconditionFailedError,
+    StatefulError,
 )
-from airflow_stateful.core.files import LocalFile, check_restore_targets, collect_files, safe_relative
+from airflow_stateful.core.files import LocalFile, collect_files
 from airflow_stateful.core.head import HeadStore
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import (
@@ -51,20 +55,23 @@ from airflow_stateful.core.lease import (
 )
 from airflow_stateful.core.progress import TransferProgress, human_bytes
 from airflow_stateful.core.records import (
-    DATA_DIR,
-    MANIFEST_DIR,
+    FORMAT_VERSION,
     CheckpointEntry,
     FileEntry,
     HeadRecord,
     Manifest,
     WriterInfo,
+    canonical_json,
     data_commit_of,
     manifest_key,
     sha256_hex,
     utcnow_iso,
 )
-from airflow_stateful.core.retention import KeepLast, RetentionPolicy
+from airflow_stateful.core.restore import ChunkCache, restore_files
+from airflow_stateful.core.retention import KeepLast, RetentionPolicy, references, unreferenced
 from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.core.transfer import upload_files
+from airflow_stateful.core.trees import Tree, TreeRef, tree_key
 from airflow_stateful.version import __version__
 
 log = logging.getLogger("airflow_stateful")
@@ -72,7 +79,20 @@ log = logging.getLogger("airflow_stateful")
 DEFAULT_LEASE_TTL = float(config.LEASE_TTL)
 DEFAULT_KEEP_LAST = config.KEEP_LAST
 _PROGRESS_MIN_BYTES = 64 * 1024 * 1024
-_DELETE_BATCH = 16
+_TREE_CACHE = 8
+INLINE_MANIFEST_BYTES = 8 * 1024
+"""A manifest up to this size rides inline in the head (a small commit is one conditional write)."""
+INLINE_HEAD_BUDGET = 512 * 1024
+"""...as long as the head stays below this size (heads are read by every reader: keep them small)."""
+
+
+@dataclass(frozen=True)
+class StoredFileInfo:
+    """One file of a checkpoint as a listing shows it: its path, size and the objects that hold its bytes."""
+
+    path: str
+    size: int
+    keys: tuple[str, ...]
 
 
 class CheckpointStore:
@@ -83,6 +103,7 @@ class CheckpointStore:
     :param keep_last: how many committed checkpoints to keep (or pass ``retention``).
     :param lease_ttl: seconds a lease lives without a commit or renewal.
     :param clock: seconds since the epoch; injectable for tests of expiry.
+    :param parallelism: chunks moved at once by a commit or a restore; default: what the store suits.
     """
 
     def __init__(
@@ -94,6 +115,7 @@ class CheckpointStore:
         retention: RetentionPolicy | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         clock: Callable[[], float] = time.time,
+        parallelism: int | None = None,
     ) -> None:
         if not isinstance(identity, Identity):
             raise TypeError(f"identity must be an Identity, not {type(identity).__name__}")
@@ -105,7 +127,10 @@ class CheckpointStore:
         self.lease_ttl = float(lease_ttl)
         self.clock = clock
         self.heads = HeadStore(store=store, identity=identity, clock=clock)
-        self._pending_deletes: list[CheckpointEntry] = []
+        self.parallelism = parallelism or store.parallelism
+        self._trees: dict[str, Tree] = {}
+        #: Checkpoints with objects of their own that retention dropped since the last :meth:`sweep`.
+        self.cleanup_due = 0
 
     def __repr__(self) -> str:
         return f"CheckpointStore(identity={self.identity.key!r}, store={self.store!r})"
@@ -156,8 +181,6 @@ class CheckpointStore:
             )
         except FencedError:
             return False
-        finally:
-            self.flush_deletes()
         return True
 
     def break_lease(self, *, grace: float | None = None, token: str | None = None) -> HeadRecord | None:
@@ -188,6 +211,7 @@ class CheckpointStore:
         extra: dict[str, Any] | None = None,
         value_codec: str = JSON,
         keep_files_from: Manifest | None = None,
+        previous: Manifest | None = None,
         exclude: Collection[str] = (),
         follow_symlinks: bool = False,
         encoded: bool = False,
@@ -199,14 +223,15 @@ class CheckpointStore:
         lease was taken over; in that case nothing this writer uploaded becomes visible.
 
         :param keep_files_from: with ``files=None``, the new checkpoint keeps this earlier checkpoint's
-            files (by reference, nothing is copied); retention keeps their data while any kept checkpoint
-            refers to it.
+            files (by reference: the same tree, nothing is copied).
+        :param previous: the checkpoint this writer started from or last committed (still kept by the head):
+            the chunks it references are not uploaded again. Default: the newest checkpoint.
         :param exclude: relative paths below ``files`` not to checkpoint.
         :param follow_symlinks: save what links inside ``files`` point to (never outside it); default: refuse
             links, naming them.
         :param encoded: ``value`` is already in its stored form (a manifest's ``value``, as ``value_codec``
             wrote it): it is copied as it is, never decoded (a rollback must not unpickle anything).
-        :param check: called before each upload and before the manifest is written; raising there aborts the
+        :param check: called before each upload and before the head is advanced; raising there aborts the
             commit with nothing made visible (a :class:`WriterSession` stops a writer that lost its lease).
         """
         if lease.identity != self.identity:
@@ -217,10 +242,11 @@ class CheckpointStore:
         if extra is not None:
             encode_value(extra, JSON)
         local_files = collect_files(files, exclude=exclude, follow_symlinks=follow_symlinks)
-        if keep_files_from is not None and keep_files_from.identity != self.identity.key:
-            raise ValueError(
-                f"keep_files_from is a checkpoint of {keep_files_from.identity}, not {self.identity}"
-            )
+        for earlier in (keep_files_from, previous):
+            if earlier is not None and earlier.identity != self.identity.key:
+                raise ValueError(
+                    f"{earlier.identity} is not {self.identity}: a checkpoint of another identity"
+                )
 
         # Fail fast before uploading files: a fenced zombie must not push gigabytes first. A value-only
         # commit trusts the head this process last saw (the CAS below re-checks it anyway).
@@ -235,13 +261,17 @@ class CheckpointStore:
             except FencedError:
                 events.emit(events.FENCED, identity=self.identity.key, epoch=lease.epoch, action="commit")
                 raise
+        if local_files and previous is None and keep_files_from is None:
+            previous = self._dedup_base(head)
         started = time.monotonic()
         seq = head.next_seq
         commit_id = uuid.uuid4().hex
+        tree_ref: TreeRef | None = None
+        legacy_files: tuple[FileEntry, ...] = ()
         if files is None and keep_files_from is not None:
-            entries = list(keep_files_from.files)
-        else:
-            entries = self._upload(local_files, commit_id, check)
+            tree_ref, legacy_files = keep_files_from.tree, keep_files_from.files
+        elif local_files:
+            tree_ref = self._upload_tree(local_files, commit_id, previous or keep_files_from, check)
 
         manifest = Manifest(
             identity=self.identity.key,
@@ -253,30 +283,37 @@ class CheckpointStore:
             writer=writer or lease.holder,
             value=stored_value,
             value_codec=value_codec,
-            files=tuple(entries),
+            files=legacy_files,
             library_version=__version__,
             extra=dict(extra or {}),
+            tree=tree_ref,
         )
-        body = manifest.to_bytes()
+        body = manifest.to_json()
+        raw = canonical_json(body) + b"\n"
+        inline = len(raw) <= INLINE_MANIFEST_BYTES and len(head.to_bytes()) + len(raw) <= INLINE_HEAD_BUDGET
         if check is not None:
             check()
         key = manifest_key(self.identity.key, seq, commit_id)
-        self.store.put(key, body, if_none_match=True)
+        if not inline:
+            self.store.put(key, raw, if_none_match=True)
         entry = CheckpointEntry(
             seq=seq,
             commit_id=commit_id,
-            manifest=key,
-            manifest_sha256=sha256_hex(body),
-            manifest_size=len(body),
+            manifest=None if inline else key,
+            manifest_sha256=None if inline else sha256_hex(raw),
+            manifest_size=None if inline else len(raw),
             created_at=manifest.created_at,
             schema_version=schema_version,
             epoch=lease.epoch,
             total_size=manifest.total_size,
-            file_count=len(entries),
-            data_refs=tuple(sorted({data_commit_of(f.key) for f in entries})),
+            file_count=manifest.file_count,
+            data_refs=tuple(sorted({data_commit_of(f.key) for f in legacy_files})),
+            tree=tree_ref,
+            # A copy made of the stored bytes: the caller's value object must never alias the head's record.
+            inline=json.loads(raw) if inline else None,
         )
-        dropped: list[CheckpointEntry] = []
-        kept: list[CheckpointEntry] = []
+
+        freed: list[CheckpointEntry] = []
 
         def decide(current: HeadRecord | None) -> HeadRecord:
             current = check_holder(current, lease, action="commit to")
@@ -288,9 +325,9 @@ class CheckpointStore:
                     f"(seq {seq}) was in flight with the same lease; commit from one thread at a time."
                 )
             keep, drop = self.retention.split([*current.checkpoints, entry])
-            dropped[:], kept[:] = drop, keep
+            freed[:] = [e for e in drop if e.manifest or e.tree or e.data_refs]
             return renewed(
-                current.evolve(next_seq=seq + 1, checkpoints=tuple(keep)),
+                current.evolve(next_seq=seq + 1, checkpoints=tuple(keep), format=FORMAT_VERSION),
                 now=self.clock(),
                 ttl=self.lease_ttl,
             )
@@ -300,84 +337,118 @@ class CheckpointStore:
         except FencedError:
             events.emit(events.FENCED, identity=self.identity.key, epoch=lease.epoch, action="commit")
             raise
+        self.cleanup_due += len(freed)
         events.emit(
             events.COMMIT,
             identity=self.identity.key,
             seq=seq,
             bytes=manifest.total_size,
-            files=len(entries),
+            files=manifest.file_count,
             duration=time.monotonic() - started,
         )
         log.info(
             "committed checkpoint %d of %s (%d file(s), %s, schema %d)",
             seq,
             self.identity,
-            len(entries),
+            manifest.file_count,
             human_bytes(manifest.total_size),
             schema_version,
         )
-        self._pending_deletes.extend(dropped)
-        if any(e.data_refs for e in dropped) or len(self._pending_deletes) >= _DELETE_BATCH:
-            self.flush_deletes(kept)
         return manifest
 
-    def _upload(
-        self, local_files: list[LocalFile], commit_id: str, check: Callable[[], None] | None
-    ) -> list[FileEntry]:
+    def _dedup_base(self, head: HeadRecord) -> Manifest | None:
+        """The newest checkpoint, whose chunks a commit that was not told its ``previous`` need not upload.
+
+        Best effort: a checkpoint that cannot be read (or has no readable tree) only means every chunk is
+        uploaded again, never a failed commit.
+        """
+        if head.latest is None:
+            return None
+        try:
+            manifest = self._read_manifest(head.latest)
+            self.tree(manifest)
+        except StatefulError as exc:
+            log.warning(
+                "%s: not deduplicating against checkpoint %d: %s", self.identity, head.latest.seq, exc
+            )
+            return None
+        return manifest
+
+    def _upload_tree(
+        self,
+        local_files: list[LocalFile],
+        commit_id: str,
+        previous: Manifest | None,
+        check: Callable[[], None] | None,
+    ) -> TreeRef:
+        """Upload the chunks ``previous`` does not already hold, then the tree (unless it is ``previous``'s)."""
+        before = self.tree(previous) if previous is not None else None
+        known = {c.sha256: c for f in (before.files if before else ()) for c in f.chunks}
         total = sum(f.size for f in local_files)
         progress = None
         if total >= _PROGRESS_MIN_BYTES:
             progress = TransferProgress(
-                label=f"uploading {len(local_files)} file(s) for {self.identity}",
-                total_bytes=total,
-                logger=log,
+                label=f"saving {len(local_files)} file(s) for {self.identity}", total_bytes=total, logger=log
             )
-        entries = []
-        for index, local in enumerate(local_files):
-            if check is not None:
-                check()
-            key = f"{self.identity.key}/{DATA_DIR}/{commit_id}/{index}"
-            try:
-                stored = self.store.upload_file(key, local.path, progress=progress)
-            except FileNotFoundError:
-                raise InvalidValueError(
-                    f"file {local.rel!r} disappeared while the checkpoint was being saved; nothing was committed "
-                    "(the previous checkpoint is intact). Do not change the directory while it is saved."
-                ) from None
-            entries.append(FileEntry(path=local.rel, key=key, size=stored.size, sha256=stored.sha256))
+        result = upload_files(
+            self.store,
+            identity=self.identity.key,
+            files=local_files,
+            known=known,
+            commit_id=commit_id,
+            workers=self.parallelism,
+            check=check,
+            progress=progress,
+        )
         if progress:
             progress.finish()
-        return entries
-
-    def flush_deletes(self, kept: list[CheckpointEntry] | None = None) -> None:
-        """Remove the objects of checkpoints the head no longer lists.
-
-        Value-only checkpoints are deleted in batches (one request per ``_DELETE_BATCH`` commits) so a
-        small commit costs two requests; checkpoints with files are deleted at once to free space. A
-        failure or a crash only leaves unreferenced garbage that :func:`collect_garbage` removes.
-        """
-        entries, self._pending_deletes = self._pending_deletes, []
-        if not entries:
-            return
-        if kept is None:
-            # A fresh read, never a cached copy: a newer kept checkpoint may share data with the dropped ones.
-            head = self.heads.load()[0]
-            kept = list(head.checkpoints) if head else []
-        protected = {ref for e in kept for ref in e.data_refs}
+        log.info(
+            "%s: uploaded %d new chunk(s) (%s), reused %d (%s)",
+            self.identity,
+            result.chunks_sent,
+            human_bytes(result.bytes_sent),
+            result.chunks_reused,
+            human_bytes(result.bytes_reused),
+        )
+        tree = Tree(identity=self.identity.key, files=tuple(result.files))
+        data = tree.to_bytes()
+        sha = sha256_hex(data)
+        if previous is not None and previous.tree is not None and previous.tree.sha256 == sha:
+            return previous.tree  # the same files as before: the same tree, already kept
+        key = tree_key(self.identity.key, sha)
         try:
-            keys = [e.manifest for e in entries]
-            for ref in sorted({ref for e in entries for ref in e.data_refs} - protected):
-                keys.extend(
-                    info.key for info in self.store.list_objects(f"{self.identity.key}/{DATA_DIR}/{ref}/")
-                )
-            self.store.delete_many(keys)
-        except Exception as exc:
-            log.warning(
-                "could not delete %d old checkpoint(s) of %s (%s); `airflow-stateful gc` will remove them",
-                len(entries),
-                self.identity,
-                exc,
-            )
+            self.store.put(key, data, if_none_match=True, adopt_identical=False)
+        except PreconditionFailedError:
+            key = tree_key(self.identity.key, sha, unique=commit_id)  # never adopt somebody's garbage
+            self.store.put(key, data, if_none_match=True)
+        self._trees[key] = tree
+        return TreeRef(
+            key=key, sha256=sha, size=len(data), file_count=len(tree.files), total_size=tree.total_size
+        )
+
+    def sweep(self, lease: Lease) -> list[str]:
+        """Delete this identity's objects no kept checkpoint needs (dropped checkpoints, crash garbage).
+
+        Fenced like a commit, and in this order: list the identity's objects, *then* confirm (by renewing the
+        lease) that this writer still holds it, then delete what the confirmed head does not reference. Any
+        object in the listing was therefore written before the confirmation; a newer writer can only have
+        written after it took the lease, which the confirmation would have seen. Returns the deleted keys.
+        """
+        listed = [
+            info for info in self.store.list_objects(f"{self.identity.key}/~") if info.key != self.heads.key
+        ]
+
+        def decide(head: HeadRecord | None) -> HeadRecord:
+            return renewed(check_holder(head, lease, action="clean up"), now=self.clock(), ttl=self.lease_ttl)
+
+        head = self.heads.update(decide, fresh=False)
+        self.cleanup_due = 0
+        refs = references(head, trees=self._tree_of_ref)
+        garbage = [info.key for info in unreferenced(self.identity.key, listed, head, refs=refs)]
+        if garbage:
+            self.store.delete_many(garbage)
+            log.info("%s: deleted %d object(s) no kept checkpoint needs", self.identity, len(garbage))
+        return garbage
 
     def purge(self, lease: Lease) -> int:
         """Delete the identity's state entirely (``on_success="delete"``), fenced like a commit.
@@ -399,12 +470,7 @@ class CheckpointStore:
             raise ConcurrentCommitError(
                 f"the head of {self.identity} kept changing while it was being deleted"
             )
-        self._pending_deletes = []
-        keys = [
-            info.key
-            for folder in (MANIFEST_DIR, DATA_DIR)
-            for info in self.store.list_objects(f"{self.identity.key}/{folder}/")
-        ]
+        keys = [info.key for info in self.store.list_objects(f"{self.identity.key}/~")]
         self.store.delete_many(keys)
         log.info("deleted the state of %s (%d objects)", self.identity, len(keys) + 1)
         return len(keys) + 1
@@ -418,10 +484,15 @@ class CheckpointStore:
         head = self.head()
         return list(reversed(head.checkpoints)) if head else []
 
-    def latest(self) -> Manifest | None:
-        """The newest checkpoint, verified, or ``None`` when nothing was committed yet."""
-        for _ in range(5):
-            head = self.head()
+    def latest(self, head: HeadRecord | None = None) -> Manifest | None:
+        """The newest checkpoint, verified, or ``None`` when nothing was committed yet.
+
+        :param head: a head this process just read or wrote (after taking the lease): with an inline manifest
+            that costs no request at all.
+        """
+        for attempt in range(5):
+            if head is None or attempt:
+                head = self.head()
             if head is None or head.latest is None:
                 return None
             try:
@@ -450,7 +521,7 @@ class CheckpointStore:
 
     def _still_listed(self, entry: CheckpointEntry) -> bool:
         head = self.head()
-        return head is not None and any(e.manifest == entry.manifest for e in head.checkpoints)
+        return head is not None and any(e.commit_id == entry.commit_id for e in head.checkpoints)
 
     def _missing(self, entry: CheckpointEntry) -> CheckpointCorruptError:
         return CheckpointCorruptError(
@@ -460,6 +531,15 @@ class CheckpointStore:
         )
 
     def _read_manifest(self, entry: CheckpointEntry) -> Manifest:
+        if entry.inline is not None:  # verified with the head that carries it
+            # A deep copy: whoever gets this manifest may change its value (a migration does), and that must
+            # never change the head record this process would write back.
+            return Manifest.from_json(
+                copy.deepcopy(entry.inline),
+                identity=self.identity.key,
+                what=f"checkpoint {entry.seq} of {self.identity}",
+            )
+        assert entry.manifest is not None and entry.manifest_size is not None
         blob = self.store.get(entry.manifest, max_bytes=entry.manifest_size)
         got = sha256_hex(blob.data)
         if got != entry.manifest_sha256 or len(blob.data) != entry.manifest_size:
@@ -476,54 +556,53 @@ class CheckpointStore:
             )
         return manifest
 
-    def restore_files(self, manifest: Manifest, dest: str | Path) -> list[Path]:
+    def files(self, manifest: Manifest) -> list[StoredFileInfo]:
+        """The files of a checkpoint, whatever its format: path, size and the objects holding its bytes."""
+        tree = self.tree(manifest)
+        if tree is not None:
+            return [StoredFileInfo(f.path, f.size, tuple(c.key for c in f.chunks)) for f in tree.files]
+        return [StoredFileInfo(f.path, f.size, (f.key,)) for f in manifest.files]
+
+    def tree(self, manifest: Manifest) -> Tree | None:
+        """The file tree of a format-2 checkpoint, verified against its recorded SHA-256 (``None``: format 1)."""
+        return self._tree_of_ref(manifest.tree) if manifest.tree is not None else None
+
+    def _tree_of_ref(self, ref: TreeRef) -> Tree:
+        cached = self._trees.get(ref.key)
+        if cached is not None:
+            return cached
+        try:
+            blob = self.store.get(ref.key, max_bytes=ref.size)
+        except ObjectNotFoundError as exc:
+            raise CheckpointCorruptError(
+                f"tree {ref.key!r} of {self.identity} is missing from {self.store.url}: {exc}. Roll back to an "
+                "older checkpoint with `airflow-stateful rollback`."
+            ) from exc
+        got = sha256_hex(blob.data)
+        if got != ref.sha256 or len(blob.data) != ref.size:
+            raise CheckpointCorruptError(
+                f"tree {ref.key!r} in {self.store.url} is corrupt: expected {ref.size} bytes with SHA-256 "
+                f"{ref.sha256}, read {len(blob.data)} bytes with SHA-256 {got}. Its files were not used."
+            )
+        tree = Tree.from_bytes(blob.data, key=ref.key, identity=self.identity.key)
+        if len(self._trees) >= _TREE_CACHE:
+            self._trees.pop(next(iter(self._trees)))
+        self._trees[ref.key] = tree
+        return tree
+
+    def restore_files(
+        self, manifest: Manifest, dest: str | Path, *, cache: ChunkCache | None = None
+    ) -> list[Path]:
         """Download a checkpoint's files into directory ``dest``, verified, all or nothing.
 
         Files land in a staging directory first; only when every file is verified are they moved into
         ``dest`` (existing files of the same name are replaced). On any error ``dest`` is left as it was.
+        ``cache`` may supply chunks without downloading them (verified like downloaded ones).
         """
-        started = time.monotonic()
-        dest = Path(dest)
-        dest.mkdir(parents=True, exist_ok=True)
-        staging = dest / f".stateful-restore-{uuid.uuid4().hex[:12]}"
-        total = sum(f.size for f in manifest.files)
-        progress = None
-        if total >= _PROGRESS_MIN_BYTES:
-            progress = TransferProgress(
-                label=f"restoring {len(manifest.files)} file(s) of {self.identity}",
-                total_bytes=total,
-                logger=log,
-            )
-        where = manifest_key(self.identity.key, manifest.seq, manifest.commit_id)
-        try:
-            rels = [safe_relative(f.path, manifest_key=where) for f in manifest.files]
-            check_restore_targets(dest, rels)
-            for rel, entry in zip(rels, manifest.files, strict=True):
-                try:
-                    self.store.download_file(
-                        entry.key, staging / rel, size=entry.size, sha256=entry.sha256, progress=progress
-                    )
-                except ObjectNotFoundError as exc:
-                    raise CheckpointCorruptError(
-                        f"file {entry.path!r} of checkpoint {manifest.seq} of {self.identity} is missing: {exc}. "
-                        "Nothing was restored."
-                    ) from exc
-            restored = []
-            for rel in rels:
-                target = dest / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                (staging / rel).replace(target)
-                restored.append(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        if progress:
-            progress.finish()
-        events.emit(
-            events.RESTORE,
-            identity=self.identity.key,
-            seq=manifest.seq,
-            bytes=total,
-            files=len(restored),
-            duration=time.monotonic() - started,
-        )
-        return restored
+        return restore_files(self, manifest, dest, cache=cache)
+
+    def verify(self, manifest: Manifest) -> None:
+        """Read back every byte of a checkpoint and check every hash (chunks, or format-1 files); raise
+        CheckpointCorruptError naming the first bad object. Nothing is kept."""
+        with tempfile.TemporaryDirectory(prefix="stateful-verify-") as scratch:
+            self.restore_files(manifest, scratch)

@@ -44,6 +44,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_stateful.core import config
+from airflow_stateful.core.catalog import HEAD_READERS, ordered_map
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
@@ -56,9 +57,17 @@ from airflow_stateful.core.errors import (
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import Lease, check_holder
 from airflow_stateful.core.records import DATA_DIR, HEAD_NAME, MANIFEST_DIR, HeadRecord, WriterInfo
-from airflow_stateful.core.retention import CrashGarbage, IdleFor, KeepLast, referenced
+from airflow_stateful.core.retention import (
+    CrashGarbage,
+    IdleFor,
+    KeepLast,
+    References,
+    references,
+    unreferenced,
+)
 from airflow_stateful.core.state_documents import MAX_DOCUMENT_BYTES, StateDocument, collect_expired
 from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
+from airflow_stateful.core.trees import CHUNK_DIR, TREE_DIR
 
 log = logging.getLogger("airflow_stateful")
 
@@ -172,7 +181,7 @@ def group_by_identity(store: ObjectStore, prefix: str = "") -> dict[str, list[Ob
             continue
         key = info.key[:cut]
         rest = info.key[cut + 1 :]
-        if rest != HEAD_NAME and rest.partition("/")[0] not in (MANIFEST_DIR, DATA_DIR):
+        if rest != HEAD_NAME and rest.partition("/")[0] not in (MANIFEST_DIR, DATA_DIR, TREE_DIR, CHUNK_DIR):
             continue
         try:
             Identity.parse(key)
@@ -220,20 +229,15 @@ def _plan_identity(
     elif idle is not None and idle.due(head, now):
         item.reasons[IDLE] = [i.key for i in infos]
         return item
-    elif keep_last is not None and len(head.checkpoints) > keep_last.n:
-        keep, drop = keep_last.split(list(head.checkpoints))
-        protected = {ref for e in keep for ref in e.data_refs}
-        dropped_refs = {ref for e in drop for ref in e.data_refs} - protected
-        dropped = [e.manifest for e in drop if e.manifest in item.objects]
-        dropped += [
-            i.key
-            for i in infos
-            if i.key.startswith(f"{key}/{DATA_DIR}/")
-            and i.key[len(key) + len(DATA_DIR) + 2 :].partition("/")[0] in dropped_refs
-        ]
+    refs = _references(cs, head, notes)
+    if not held and keep_last is not None and len(head.checkpoints) > keep_last.n:
+        keep, _drop = keep_last.split(list(head.checkpoints))
+        kept_head = head.evolve(checkpoints=tuple(keep))
+        freed = unreferenced(key, infos, kept_head, refs=_references(cs, kept_head, notes))
+        already = {i.key for i in unreferenced(key, infos, head, refs=refs)}
         item.keep = tuple(e.commit_id for e in keep)
-        item.reasons[RETENTION] = dropped
-    stale, holders = garbage.split(key, infos, head)
+        item.reasons[RETENTION] = [i.key for i in freed if i.key not in already]
+    stale, holders = garbage.split(key, infos, head, refs=refs)
     if holders and held:
         notes.append(f"{len(holders)} unreferenced object(s) written under it are kept")
         holders = []
@@ -247,6 +251,15 @@ def _plan_identity(
     if notes:
         item.skipped = f"live lease held by {_describe_lease(head)}: {'; '.join(notes)}"
     return item
+
+
+def _references(cs: CheckpointStore, head: HeadRecord, notes: list[str]) -> References:
+    """What ``head``'s kept checkpoints need, their trees read; if a tree cannot be read, chunks are left alone."""
+    try:
+        return references(head, trees=cs._tree_of_ref)
+    except StatefulError as exc:
+        notes.append(f"its chunks are left alone: {exc}")
+        return references(head)
 
 
 def plan_gc(
@@ -281,10 +294,16 @@ def plan_gc(
     plan = GcPlan(store=store, now=now, grace=grace)
     if groups is None:
         groups = group_by_identity(store, prefix)
-    for key in sorted(groups):
-        item = _plan_identity(
-            store, key, groups[key], now=now, idle=idle, keep_last=retention, garbage=garbage
+    listed = groups
+
+    def plan_identity(key: str) -> IdentityPlan:
+        return _plan_identity(
+            store, key, listed[key], now=now, idle=idle, keep_last=retention, garbage=garbage
         )
+
+    # The identities' heads (and what their planning reads with them) are read HEAD_READERS at a time; the
+    # plans come back in key order, and the first that fails raises as the serial loop did.
+    for item in ordered_map(plan_identity, sorted(groups), workers=HEAD_READERS):
         item.bytes = sum(item.objects[k].size for k in item.keys if k in item.objects)
         if item.reasons or item.skipped:
             plan.identities.append(item)
@@ -371,13 +390,16 @@ def _delete_garbage(cs: CheckpointStore, item: IdentityPlan, *, grace: float) ->
             log.info("gc %s: not breaking the lease: %s", cs.identity, exc)
     head = cs.head()
     candidates = [item.objects[k] for k in item.reasons[GARBAGE]]
-    manifests, commits = referenced(head)
+    still = {
+        i.key
+        for i in unreferenced(
+            item.identity, candidates, head, refs=_references(cs, head, []) if head else None
+        )
+    }
     protected_after = CrashGarbage(grace=grace).protected_after(head)
     keys = []
     for info in candidates:
-        rest = info.key[len(item.identity) + 1 :]
-        top, _, tail = rest.partition("/")
-        if info.key in manifests or (top == DATA_DIR and tail.partition("/")[0] in commits):
+        if info.key not in still:
             log.error("gc %s: %s became referenced after the plan; it is kept", cs.identity, info.key)
             continue
         if protected_after is not None and info.last_modified >= protected_after:

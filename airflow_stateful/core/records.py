@@ -22,8 +22,10 @@ from typing import Any
 from airflow_stateful.core.errors import CheckpointCorruptError, FormatVersionError
 from airflow_stateful.core.fields import Fields
 from airflow_stateful.core.integrity import SIGNATURE_FIELD, HeadSigner
+from airflow_stateful.core.trees import TreeRef
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: content-addressed trees and chunks, inline manifests. Readers read 1 and 2; format 1 readers refuse 2."""
 
 MAX_HEAD_BYTES = 2 * 1024 * 1024
 """A head record larger than this is refused unread (a thousand kept checkpoints take about 1.2 MiB)."""
@@ -195,51 +197,90 @@ class LeaseRecord:
 
 @dataclass(frozen=True)
 class CheckpointEntry:
-    """One committed checkpoint as listed in the head record: enough to find and verify its manifest."""
+    """One committed checkpoint as listed in the head record: enough to find and verify its manifest.
+
+    A small manifest rides *inline* in the entry (``inline``: its body, protected by the head's own checksum and
+    signature), so a small commit is one conditional write of the head; a larger one is an object
+    (``manifest``, with its SHA-256 and size). ``tree`` names the content-addressed file tree (format 2);
+    ``data_refs`` the commit folders of format-1 file data.
+    """
 
     seq: int
     commit_id: str
-    manifest: str
-    manifest_sha256: str
-    manifest_size: int
+    manifest: str | None
+    manifest_sha256: str | None
+    manifest_size: int | None
     created_at: str
     schema_version: int
     epoch: int
     total_size: int
     file_count: int
-    #: commit ids whose ``~data/<commit_id>/`` objects this checkpoint's files live in. A checkpoint that
-    #: keeps the previous checkpoint's files refers to that commit's data instead of copying it.
+    #: commit ids whose ``~data/<commit_id>/`` objects this checkpoint's (format-1) files live in.
     data_refs: tuple[str, ...] = ()
+    tree: TreeRef | None = None
+    inline: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        body = asdict(self)
-        body["data_refs"] = list(self.data_refs)
+        body: dict[str, Any] = {
+            "seq": self.seq,
+            "commit_id": self.commit_id,
+            "created_at": self.created_at,
+            "schema_version": self.schema_version,
+            "epoch": self.epoch,
+            "total_size": self.total_size,
+            "file_count": self.file_count,
+            "data_refs": list(self.data_refs),
+        }
+        if self.inline is not None:
+            body["inline"] = self.inline
+        else:
+            body.update(
+                manifest=self.manifest, manifest_sha256=self.manifest_sha256, manifest_size=self.manifest_size
+            )
+        if self.tree is not None:
+            body["tree"] = self.tree.to_json()
         return body
 
     @classmethod
     def from_json(cls, data: Any, *, identity: str, what: str = "checkpoint entry") -> CheckpointEntry:
-        """Typed, and bound to ``identity``: the manifest key is exactly the one this entry's seq and commit id
-        name inside that identity, so a crafted head cannot point a reader at another identity's objects."""
+        """Typed, and bound to ``identity``: a manifest key is exactly the one this entry's seq and commit id
+        name inside that identity, and a tree is named by its content inside it, so a crafted head cannot point
+        a reader at another identity's objects."""
         f = Fields(data, what=what)
         seq, commit_id = f.integer("seq", minimum=1), f.hex32("commit_id")
         file_count = f.integer("file_count", maximum=MAX_FILES)
-        f.equal("manifest", manifest_key(identity, seq, commit_id))
-        default_refs = [commit_id] if file_count else []
+        tree_body = f.optional_mapping("tree")
+        tree = TreeRef.from_json(tree_body, identity=identity, what=f"{what} tree") if tree_body else None
+        default_refs = [commit_id] if file_count and tree is None else []
         refs = f.items("data_refs", max_items=MAX_KEPT + 1, default=default_refs)
         for ref in refs:
             Fields({"data_refs": ref}, what=what).hex32("data_refs")
+        inline = f.optional_mapping("inline")
+        if inline is not None:
+            if f.has("manifest"):
+                raise CheckpointCorruptError(f"{what} has both an inline manifest and a manifest object")
+            manifest = Manifest.from_json(inline, identity=identity, what=f"{what} inline manifest")
+            if (manifest.seq, manifest.commit_id) != (seq, commit_id):
+                raise CheckpointCorruptError(f"{what}: its inline manifest is of another checkpoint")
+            key = sha = size = None
+        else:
+            key = f.equal("manifest", manifest_key(identity, seq, commit_id))
+            sha = f.sha256("manifest_sha256")
+            size = f.integer("manifest_size", maximum=MAX_MANIFEST_BYTES)
         return cls(
             seq=seq,
             commit_id=commit_id,
-            manifest=manifest_key(identity, seq, commit_id),
-            manifest_sha256=f.sha256("manifest_sha256"),
-            manifest_size=f.integer("manifest_size", maximum=MAX_MANIFEST_BYTES),
+            manifest=key,
+            manifest_sha256=sha,
+            manifest_size=size,
             created_at=f.time("created_at"),
             schema_version=f.integer("schema_version", minimum=1),
             epoch=f.integer("epoch"),
             total_size=f.integer("total_size"),
             file_count=file_count,
             data_refs=tuple(refs),
+            tree=tree,
+            inline=inline,
         )
 
 
@@ -371,7 +412,12 @@ def manifest_key(identity: str, seq: int, commit_id: str) -> str:
 
 @dataclass(frozen=True)
 class Manifest:
-    """Everything about one checkpoint except the file bytes. Immutable once written."""
+    """Everything about one checkpoint except the file bytes. Immutable once written.
+
+    Its files are either a content-addressed ``tree`` (format 2: read with
+    :meth:`~airflow_stateful.core.checkpoint_store.CheckpointStore.tree`) or, in checkpoints written by format 1
+    (or keeping such a checkpoint's files), the list ``files`` of whole-file data objects.
+    """
 
     identity: str
     seq: int
@@ -386,13 +432,22 @@ class Manifest:
     library_version: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     format: int = FORMAT_VERSION
+    tree: TreeRef | None = None
 
     @property
     def total_size(self) -> int:
-        return sum(f.size for f in self.files)
+        return self.tree.total_size if self.tree else sum(f.size for f in self.files)
 
-    def to_bytes(self) -> bytes:
-        body = {
+    @property
+    def file_count(self) -> int:
+        return self.tree.file_count if self.tree else len(self.files)
+
+    @property
+    def has_files(self) -> bool:
+        return self.file_count > 0
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
             "format": self.format,
             "library_version": self.library_version,
             "identity": self.identity,
@@ -408,24 +463,33 @@ class Manifest:
             "total_size": self.total_size,
             "extra": self.extra,
         }
-        return canonical_json(body) + b"\n"
+        if self.tree is not None:
+            body["tree"] = self.tree.to_json()
+        return body
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.to_json()) + b"\n"
 
     @classmethod
     def from_bytes(cls, data: bytes, *, key: str) -> Manifest:
-        """Parse a manifest read from ``key`` (``<identity>/~manifests/<seq>-<commit_id>.json``), every field typed;
-        its files must be data objects of its own identity (CheckpointCorruptError naming the key otherwise)."""
+        """Parse a manifest read from ``key`` (``<identity>/~manifests/<seq>-<commit_id>.json``)."""
         what = f"manifest {key!r}"
         try:
             body = json.loads(data)
         except (ValueError, RecursionError) as exc:
             raise CheckpointCorruptError(f"{what} is not valid JSON ({exc}).") from exc
+        return cls.from_json(body, identity=key.split(f"/{MANIFEST_DIR}/", 1)[0], what=what)
+
+    @classmethod
+    def from_json(cls, body: Any, *, identity: str, what: str) -> Manifest:
+        """Every field typed; its files (a tree, or format-1 data objects) must be objects of ``identity``."""
         if not isinstance(body, dict):
             raise CheckpointCorruptError(f"{what} is not a JSON object")
         _check_format(body, what=what)
-        identity = key.split(f"/{MANIFEST_DIR}/", 1)[0]
         f = Fields(body, what=what)
         f.equal("identity", identity)
         files = f.items("files", max_items=MAX_FILES, default=[])
+        tree = f.optional_mapping("tree")
         return cls(
             identity=identity,
             seq=f.integer("seq", minimum=1),
@@ -443,4 +507,7 @@ class Manifest:
             library_version=f.text("library_version", max_len=64, default=""),
             extra=f.mapping("extra", default={}),
             format=f.integer("format", minimum=1),
+            tree=TreeRef.from_json(tree, identity=identity, what=f"{what} tree")
+            if tree is not None
+            else None,
         )

@@ -10,7 +10,7 @@ They only decide; :mod:`airflow_stateful.core.gc` reads the store, applies them 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
@@ -25,6 +25,7 @@ from airflow_stateful.core.records import (
     parse_iso,
 )
 from airflow_stateful.core.stores.base import ObjectInfo
+from airflow_stateful.core.trees import CHUNK_DIR, TREE_DIR, Tree, TreeRef
 
 STAMP_RESOLUTION = timedelta(seconds=1)
 """How coarse a store's last-modified stamps may be: S3 (and moto) stamp objects to the whole second, so an
@@ -69,25 +70,56 @@ class IdleFor:
         return bool(head.updated_at) and now - parse_iso(head.updated_at) > self.duration.total_seconds()
 
 
-def referenced(head: HeadRecord | None) -> tuple[set[str], set[str]]:
-    """The manifest keys and data commit ids the head's kept checkpoints reference."""
-    if head is None:
-        return set(), set()
-    return {e.manifest for e in head.checkpoints}, {ref for e in head.checkpoints for ref in e.data_refs}
+@dataclass(frozen=True)
+class References:
+    """Every object the checkpoints a head keeps need: manifests, trees, chunks, and format-1 data folders.
 
-
-def unreferenced(identity_key: str, infos: Iterable[ObjectInfo], head: HeadRecord | None) -> list[ObjectInfo]:
-    """The objects of ``infos`` under ``identity_key``'s ``~manifests/`` and ``~data/`` the head does not reference.
-
-    The head itself and objects of nested identities (anything outside those two folders) never qualify.
+    ``chunks_known`` is False when the trees were not read (a caller without store access): then no chunk
+    counts as unreferenced, so nothing a kept checkpoint needs can be mistaken for garbage.
     """
-    manifests, commits = referenced(head)
+
+    keys: frozenset[str] = frozenset()
+    data_commits: frozenset[str] = frozenset()
+    chunks_known: bool = True
+
+
+def references(head: HeadRecord | None, *, trees: Callable[[TreeRef], Tree] | None = None) -> References:
+    """What ``head``'s kept checkpoints reference; ``trees`` reads (and verifies) a tree to name its chunks."""
+    if head is None:
+        return References()
+    keys: set[str] = set()
+    for entry in head.checkpoints:
+        if entry.manifest is not None:
+            keys.add(entry.manifest)
+        if entry.tree is not None:
+            keys.add(entry.tree.key)
+            if trees is not None:
+                keys.update(trees(entry.tree).chunk_keys())
+    return References(
+        keys=frozenset(keys),
+        data_commits=frozenset(ref for e in head.checkpoints for ref in e.data_refs),
+        chunks_known=trees is not None or not any(e.tree for e in head.checkpoints),
+    )
+
+
+def unreferenced(
+    identity_key: str, infos: Iterable[ObjectInfo], head: HeadRecord | None, *, refs: References | None = None
+) -> list[ObjectInfo]:
+    """The objects of ``infos`` in ``identity_key``'s own folders (manifests, trees, chunks, data) that no kept
+    checkpoint references. The head itself and nested identities' objects never qualify.
+
+    :param refs: the references, trees read (:func:`references` with ``trees``); default: from the head alone,
+        which leaves every chunk alone.
+    """
+    refs = refs if refs is not None else references(head)
     found = []
     for info in infos:
         rest = info.key[len(identity_key) + 1 :]
         top, _, tail = rest.partition("/")
-        if (top == MANIFEST_DIR and info.key not in manifests) or (
-            top == DATA_DIR and tail.partition("/")[0] not in commits
+        if (
+            (top in (MANIFEST_DIR, TREE_DIR) and info.key not in refs.keys)
+            or (top == CHUNK_DIR and refs.chunks_known and info.key not in refs.keys)
+            or (top == DATA_DIR and tail.partition("/")[0] not in refs.data_commits)
         ):
             found.append(info)
     return found
@@ -125,13 +157,14 @@ class CrashGarbage:
         infos: Iterable[ObjectInfo],
         head: HeadRecord | None,
         *,
+        refs: References | None = None,
         wall_now: datetime | None = None,
     ) -> tuple[list[ObjectInfo], list[ObjectInfo]]:
         """``(garbage, held)``: old unreferenced objects, and those of them the current lease protects."""
         cutoff = (wall_now or datetime.now(tz=timezone.utc)) - self.min_age
         protected_after = self.protected_after(head)
         garbage, held = [], []
-        for info in unreferenced(identity_key, infos, head):
+        for info in unreferenced(identity_key, infos, head, refs=refs):
             if info.last_modified > cutoff:
                 continue
             if protected_after is not None and info.last_modified >= protected_after:

@@ -43,6 +43,8 @@ from airflow_stateful.core.records import Manifest, WriterInfo
 log = logging.getLogger("airflow_stateful")
 
 ON_INCOMPATIBLE = ("fail", "restart")
+CLEANUP_AFTER = 4
+"""Dropped checkpoints with objects of their own after which a session deletes them (in the background)."""
 
 
 def describe_checkpoint(manifest: Manifest) -> str:
@@ -122,6 +124,8 @@ class WriterSession:
         self._lost: str | None = None
         self._last_error: str | None = None
         self._state_lock = threading.Lock()
+        self._write_lock = threading.Lock()  # a commit and a cleanup never run at once (the sweep's fencing)
+        self._cleanup: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: The checkpoint this session started from (verified, before migration), or ``None``.
@@ -201,11 +205,17 @@ class WriterSession:
         :param release: ``False`` keeps the lease unrenewed (it expires one ttl later), e.g. for a pod that
             must still save after its operator was stopped; default: ``release_on_close``.
         """
+        cleanup, self._cleanup = self._cleanup, None
+        if cleanup is not None:
+            cleanup.join()
+        releasing = self._release_on_close if release is None else release
+        if releasing and self._lease is not None and self._lost is None:
+            self._sweep_quietly()  # before the lease goes: the sweep is fenced by it
         self._stop_heartbeat()
         with self._state_lock:
             lease, self._lease = self._lease, None
         self._ended = lease or self._ended
-        if lease is None or not (self._release_on_close if release is None else release):
+        if lease is None or not releasing:
             return
         if self._lost is not None:
             return  # fenced or expired: someone else's lease now, or nobody's
@@ -215,7 +225,8 @@ class WriterSession:
             log.warning("could not release the lease on %s: %s (it expires by itself)", self.identity, exc)
 
     def _load(self) -> None:
-        latest = self.checkpoints.latest()
+        # The head just read or written to take the lease: an inline manifest costs no further request.
+        latest = self.checkpoints.latest(head=self.checkpoints.heads.cached())
         if latest is None:
             log.info("no checkpoint for %s yet: starting fresh", self.identity)
             return
@@ -282,26 +293,69 @@ class WriterSession:
         self.ensure_alive()
         sent = time.monotonic()
         try:
-            manifest = self.checkpoints.commit(
-                self.lease,
-                value,
-                files=files,
-                schema_version=self.schema_version,
-                writer=self.writer,
-                extra=extra,
-                value_codec=self.value_codec,
-                keep_files_from=self._latest if files is None and keep_files else None,
-                exclude=exclude,
-                follow_symlinks=follow_symlinks,
-                check=self.ensure_alive,
-            )
+            with self._write_lock:
+                manifest = self._commit(
+                    value,
+                    files=files,
+                    extra=extra,
+                    keep_files=keep_files,
+                    exclude=exclude,
+                    follow_symlinks=follow_symlinks,
+                )
         except FencedError as exc:
             if self._lost is None:
                 self._mark_lost(str(exc))
             raise
         self._latest, self._value = manifest, value
         self._confirmed(sent)
+        if self.checkpoints.cleanup_due >= CLEANUP_AFTER:
+            self._start_cleanup()
         return manifest
+
+    def _commit(
+        self,
+        value: Any,
+        *,
+        files: str | Path | None,
+        extra: dict[str, Any] | None,
+        keep_files: bool,
+        exclude: Collection[str],
+        follow_symlinks: bool,
+    ) -> Manifest:
+        manifest: Manifest = self.checkpoints.commit(
+            self.lease,
+            value,
+            files=files,
+            schema_version=self.schema_version,
+            writer=self.writer,
+            extra=extra,
+            value_codec=self.value_codec,
+            keep_files_from=self._latest if files is None and keep_files else None,
+            previous=self._latest,
+            exclude=exclude,
+            follow_symlinks=follow_symlinks,
+            check=self.ensure_alive,
+        )
+        return manifest
+
+    def _start_cleanup(self) -> None:
+        """Delete what retention dropped, in the background, one cleanup at a time (commits wait for it)."""
+        if self._cleanup is not None and self._cleanup.is_alive():
+            return
+        self._cleanup = threading.Thread(
+            target=self._sweep_quietly, name=f"stateful-cleanup-{self.identity.key[:40]}", daemon=True
+        )
+        self._cleanup.start()
+
+    def _sweep_quietly(self) -> None:
+        lease = self._lease
+        if lease is None or self._lost is not None:
+            return
+        try:
+            with self._write_lock:
+                self.checkpoints.sweep(lease)
+        except Exception as exc:  # the objects stay until the next sweep or GC; never fail the writer for it
+            log.warning("could not delete the objects of dropped checkpoints of %s: %s", self.identity, exc)
 
     def purge(self) -> int:
         """Delete the identity's state entirely, fenced like a commit, and end the session.
@@ -310,8 +364,12 @@ class WriterSession:
         objects deleted.
         """
         self.ensure_alive()
+        cleanup, self._cleanup = self._cleanup, None
+        if cleanup is not None:
+            cleanup.join()
         self._stop_heartbeat()
-        deleted = self.checkpoints.purge(self.lease)
+        with self._write_lock:
+            deleted = self.checkpoints.purge(self.lease)
         self._ended, self._lease = self._lease, None
         return deleted
 
@@ -329,7 +387,7 @@ class WriterSession:
     def restore_files(self, dest: str | Path, manifest: Manifest | None = None) -> list[Path]:
         """Restore the files of ``manifest`` (default :attr:`latest`) into ``dest``; ``[]`` when it has none."""
         manifest = manifest or self._latest
-        if manifest is None or not manifest.files:
+        if manifest is None or not manifest.has_files:
             return []
         return self.checkpoints.restore_files(manifest, dest)
 

@@ -5,27 +5,26 @@ head is untrusted input (anyone who can write the bucket can write one): a head 
 summarise becomes an error row of its own identity and the others are still listed; the page escapes every
 string (Jinja2 autoescape) and only ever shows strings built here.
 
-A listing walks object keys, and one identity may hold many objects (its checkpoints' files), so a request
-is bounded three ways: it stops after ``limit`` identities, after ``max_scanned`` listed objects and after
-``seconds`` of wall time, and says why it stopped (``truncated``).
+Identities come from a delimited listing (one entry per identity, however many files it holds) and their
+heads are read a few at a time. A request is still bounded three ways: it stops after ``limit`` identities,
+after ``max_scanned`` objects (listing entries and heads) and after ``seconds`` of wall time, and says why it
+stopped (``truncated``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
-from airflow_stateful.core.head import HeadStore
+from airflow_stateful.core.catalog import HeadRead, list_identities, read_heads
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.progress import human_bytes
-from airflow_stateful.core.records import HEAD_NAME, HeadRecord, parse_iso
+from airflow_stateful.core.records import HeadRecord, parse_iso
 from airflow_stateful.core.stores.base import ObjectStore
-
-_HEAD_SUFFIX = f"/{HEAD_NAME}"
 
 
 def human_age(seconds: float) -> str:
@@ -185,8 +184,11 @@ def _link(links: dict[str, str]) -> dict[str, str] | None:
 class Bounds:
     """How much one listing may cost."""
 
+    #: identities shown
     limit: int = 500
+    #: objects read: each entry of the delimited listing, and each head
     max_scanned: int = 100_000
+    #: wall time
     seconds: float = 15.0
 
 
@@ -213,29 +215,39 @@ class _Stop(Exception):
 def _identities(
     store: ObjectStore,
     prefixes: Iterable[str],
+    *,
+    may_read: Callable[[Identity], bool],
     bounds: Bounds,
     deadline: float,
     monotonic: Callable[[], float],
-) -> Iterable[Identity]:
-    """The identities under ``prefixes``, counting every listed object against the bounds.
+) -> Iterator[Identity]:
+    """The identities under ``prefixes`` that ``may_read`` allows, counting what the request reads.
 
-    Like :func:`airflow_stateful.core.catalog.list_identities`, but it sees every object the store lists (an
-    identity's data files too), so a prefix with few identities and many files cannot make it run unbounded.
+    Every entry of the delimited listing (:func:`~airflow_stateful.core.catalog.list_identities`) counts as
+    one object against ``max_scanned``, and every identity whose head is to be read as one more. A readable
+    identity past ``limit`` stops the listing, so the page can say there is more. An identity whose head
+    turns out to be gone (objects left without state) counts against the limit but gets no row.
     """
     scanned = 0
+
+    def count() -> None:
+        nonlocal scanned
+        scanned += 1
+        if scanned > bounds.max_scanned:
+            raise _Stop(f"listed {bounds.max_scanned} objects")
+        if monotonic() > deadline:
+            raise _Stop(f"listed for {bounds.seconds:g} s")
+
+    shown = 0
     for prefix in prefixes:
-        for info in store.list_objects(prefix):
-            scanned += 1
-            if scanned > bounds.max_scanned:
-                raise _Stop(f"listed {bounds.max_scanned} objects")
-            if monotonic() > deadline:
-                raise _Stop(f"listed for {bounds.seconds:g} s")
-            if not info.key.endswith(_HEAD_SUFFIX) or info.key.startswith("~"):
+        for identity in list_identities(store, prefix, on_entry=count):
+            if not may_read(identity):
                 continue
-            try:
-                yield Identity.parse(info.key[: -len(_HEAD_SUFFIX)])
-            except ValueError:
-                continue  # not an identity of this library
+            if shown >= bounds.limit:
+                raise _Stop(f"showed {bounds.limit} identities (limit)")
+            count()  # its head
+            shown += 1
+            yield identity
 
 
 def collect(
@@ -248,31 +260,37 @@ def collect(
     base: str = "",
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Listing:
-    """Read the head of each identity under ``prefixes`` that ``may_read`` allows, within ``bounds``."""
+    """Read the head of each identity under ``prefixes`` that ``may_read`` allows, within ``bounds``.
+
+    Heads are read a few at a time while the listing goes on (:func:`~airflow_stateful.core.catalog.read_heads`);
+    when a bound stops the listing, the identities listed before it are still shown.
+    """
     deadline = monotonic() + bounds.seconds
+    listed = _identities(
+        store, prefixes, may_read=may_read, bounds=bounds, deadline=deadline, monotonic=monotonic
+    )
     entries: list[Entry] = []
     truncated: str | None = None
     try:
-        for identity in _identities(store, prefixes, bounds, deadline, monotonic):
-            if not may_read(identity):
-                continue
-            if len(entries) >= bounds.limit:
-                raise _Stop(f"showed {bounds.limit} identities (limit)")
-            entries.append(_entry(store, identity, now=now, base=base))
+        for read in read_heads(store, listed):
+            if read.head is None and read.error is None:
+                continue  # no head: objects without state (gc removes them), as before the delimited listing
+            entries.append(_entry(read, now=now, base=base))
     except _Stop as stop:
         truncated = f"stopped after it {stop}; narrow it with prefix= or raise limit="
     return Listing(entries=entries, truncated=truncated)
 
 
-def _entry(store: ObjectStore, identity: Identity, *, now: float, base: str) -> Entry:
-    try:
-        head = HeadStore(store=store, identity=identity).load()[0]
-        if head is None:
-            raise LookupError("the head record disappeared while it was read")
-        row = summarize(identity, head, now=now, base=base)
-        history = history_of(head)
-        return Entry(row=row, history=history, cells=_cells(row, history))
-    except Exception as exc:  # a corrupt, forged or newer-format head must not hide every other identity
-        row = {**_identity_fields(identity), "links": dag_links(identity, None, base)}
-        row["error"] = f"{type(exc).__name__}: {exc}"
-        return Entry(row=row, cells={"who": _who(row), "link": _link(row["links"]), "error": row["error"]})
+def _entry(read: HeadRead, *, now: float, base: str) -> Entry:
+    error = read.error
+    if error is None and read.head is not None:
+        try:
+            row = summarize(read.identity, read.head, now=now, base=base)
+            history = history_of(read.head)
+            return Entry(row=row, history=history, cells=_cells(row, history))
+        except Exception as exc:  # a head that parses but holds something unexpected fails on its own row
+            error = exc
+    # A corrupt, forged or newer-format head must not hide every other identity.
+    row = {**_identity_fields(read.identity), "links": dag_links(read.identity, None, base)}
+    row["error"] = f"{type(error).__name__}: {error}"
+    return Entry(row=row, cells={"who": _who(row), "link": _link(row["links"]), "error": row["error"]})

@@ -23,6 +23,7 @@ from airflow_stateful.core.errors import (
     LeaseHeldError,
 )
 from airflow_stateful.core.records import HEAD_NAME, canonical_json, sha256_hex
+from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.stores.base import ObjectStore
 from contract.faults import CrashingStore, FakeClock, SimulatedCrash
 
@@ -40,11 +41,15 @@ def objects(store: ObjectStore, identity: Identity = IDENTITY) -> set[str]:
 
 
 def referenced(cs: CheckpointStore) -> set[str]:
-    """Exactly the objects the head makes reachable: the head, each kept manifest, each kept file."""
+    """Exactly the objects the head makes reachable: the head, each kept manifest object, tree and chunk."""
     keys = {f"{cs.identity.key}/{HEAD_NAME}"}
     for entry in cs.history():
-        keys.add(entry.manifest)
-        keys.update(f.key for f in cs.get(entry.seq).files)
+        manifest = cs.get(entry.seq)
+        if entry.manifest is not None:
+            keys.add(entry.manifest)
+        if manifest.tree is not None:
+            keys.add(manifest.tree.key)
+        keys.update(key for f in cs.files(manifest) for key in f.keys)
     return keys
 
 
@@ -69,16 +74,20 @@ class CheckpointStoreContract:
         assert latest.seq == committed.seq == 1
         assert latest.value == {"next": 30, "rows": ["x", "y"]}
         assert latest.schema_version == 2
-        assert latest.format == 1 and latest.library_version
+        assert latest.format == 2 and latest.library_version
         assert (latest.writer.try_number, latest.writer.dag_version_id, latest.writer.host) == (
             2,
             "v-123",
             writer.host,
         )
-        assert {f.path: f.size for f in latest.files} == {"a.txt": 5, "empty": 0, "sub/b.bin": 2560}
-        assert all(
-            f.sha256 == hashlib.sha256((files / f.path).read_bytes()).hexdigest() for f in latest.files
-        )
+        assert {f.path: f.size for f in make(store).files(latest)} == {
+            "a.txt": 5,
+            "empty": 0,
+            "sub/b.bin": 2560,
+        }
+        chunks = {key for f in make(store).files(latest) for key in f.keys}
+        for path in ("a.txt", "sub/b.bin"):  # content-addressed: each chunk is named by its SHA-256
+            assert any(k.endswith(hashlib.sha256((files / path).read_bytes()).hexdigest()) for k in chunks)
         restored = tmp_path / "restored"
         make(store).restore_files(latest, restored)
         assert read_tree(restored) == read_tree(files)
@@ -125,11 +134,24 @@ class CheckpointStoreContract:
         assert {i.key: i.size for i in store.list_objects("")} == before
 
     # -- checksums -----------------------------------------------------------------------------------------
+    def test_a_value_changed_after_its_commit_never_changes_the_checkpoint(self, store: ObjectStore) -> None:
+        """Inline manifests live in the head this process caches: the caller's objects must not alias them."""
+        cs = make(store, keep_last=5)
+        lease = cs.acquire()
+        value = {"rows": [1, 2]}
+        cs.commit(lease, value)
+        value["rows"].append(3)  # the task goes on mutating its own dict
+        read = cs.get(1)
+        read.value["rows"].append(99)  # and whoever reads may mutate what it got (a migration does)
+        cs.commit(lease, {"rows": "next"})  # written from the cached head: must carry the original entry
+        assert make(store).get(1).value == {"rows": [1, 2]}
+
     def test_corrupt_manifest_is_named_and_never_returned(self, store: ObjectStore) -> None:
         cs = make(store)
         lease = cs.acquire()
-        cs.commit(lease, {"balance": 100})
+        cs.commit(lease, {"balance": 100, "ledger": ["x" * 100] * 100})  # too big to ride inline: an object
         entry = cs.history()[0]
+        assert entry.manifest is not None
         body = store.get(entry.manifest).data
         store.put(entry.manifest, body.replace(b'"balance":100', b'"balance":999'))
         with pytest.raises(CheckpointCorruptError, match=entry.manifest):
@@ -143,10 +165,10 @@ class CheckpointStoreContract:
         cs.commit(lease, {}, files=tree(tmp_path / "src", {"a": b"good a", "b": b"good b"}))
         manifest = cs.latest()
         assert manifest is not None
-        victim = manifest.files[1]
-        store.put(victim.key, b"evil b")
+        victim = make(store).files(manifest)[1].keys[0]
+        store.put(victim, b"evil b")
         dest = tree(tmp_path / "dest", {"a": b"previous a"})
-        with pytest.raises(CheckpointCorruptError, match=victim.key):
+        with pytest.raises(CheckpointCorruptError, match=victim):
             cs.restore_files(manifest, dest)
         assert read_tree(dest) == {"a": b"previous a"}, "a failed restore must not change the destination"
 
@@ -161,7 +183,7 @@ class CheckpointStoreContract:
     def test_newer_format_is_refused_not_guessed(self, store: ObjectStore) -> None:
         key = f"{IDENTITY.key}/{HEAD_NAME}"
         body = {
-            "format": 2,
+            "format": 3,
             "identity": IDENTITY.key,
             "epoch": 1,
             "next_seq": 1,
@@ -170,7 +192,7 @@ class CheckpointStoreContract:
         }
         body["checksum"] = sha256_hex(canonical_json(body))
         store.put(key, canonical_json(body))
-        with pytest.raises(FormatVersionError, match="format 2"):
+        with pytest.raises(FormatVersionError, match="format 3"):
             make(store).latest()
 
     # -- leases and fencing --------------------------------------------------------------------------------
@@ -202,7 +224,7 @@ class CheckpointStoreContract:
         real_put = store.put
 
         def put_and_get_fenced(key: str, data: bytes, **kw: Any) -> str:
-            if "~manifests/" in key and not steal_once.is_set():
+            if "~trees/" in key and not steal_once.is_set():  # the last upload before the head
                 steal_once.set()
                 make(store).acquire(steal=True)  # the retry starts right now
             return real_put(key, data, **kw)
@@ -300,7 +322,10 @@ class CheckpointStoreContract:
         for i in range(5):
             cs.commit(lease, {"i": i}, files=tree(tmp_path / f"s{i}", {"f.bin": bytes([i]) * 100}))
         assert [e.seq for e in cs.history()] == [5, 4]
-        assert objects(store) == referenced(cs), "pruned checkpoints must leave no objects behind"
+        assert objects(store) > referenced(cs), "deletes are off the commit path: nothing deleted yet"
+        assert cs.cleanup_due == 3, "three dropped checkpoints have objects of their own to delete"
+        deleted = cs.sweep(lease)
+        assert deleted and objects(store) == referenced(cs), "pruned checkpoints must leave no objects behind"
         with pytest.raises(CheckpointNotFoundError):
             cs.get(3)
 
@@ -315,29 +340,70 @@ class CheckpointStoreContract:
             manifest = cs.commit(lease, {"epoch": 1, "step": step}, keep_files_from=manifest)
         latest = make(store).latest()
         assert latest is not None and latest.value == {"epoch": 1, "step": 4}
-        assert [f.key for f in latest.files] == [f.key for f in first.files], (
-            "files are referenced, not copied"
+        assert latest.tree is not None and latest.tree == first.tree, (
+            "files are referenced (one tree), not copied"
         )
         out = tmp_path / "out1"
         cs.restore_files(latest, out)
         assert read_tree(out) == read_tree(weights)
-        assert objects(store) >= {f.key for f in first.files}, "retention must not delete referenced data"
+        first_keys = {k for f in cs.files(first) for k in f.keys} | {first.tree.key}
+        cs.sweep(lease)
+        assert objects(store) >= first_keys, "retention must not delete referenced data"
 
         cs.commit(lease, {"epoch": 2}, files=tree(tmp_path / "w2", {"weights.bin": b"w2" * 5000}))
         cs.commit(lease, {"epoch": 3}, files=tree(tmp_path / "w3", {"weights.bin": b"w3" * 5000}))
+        cs.sweep(lease)
         cs.release(lease)
         assert objects(store) == referenced(cs), "data no kept checkpoint refers to is deleted"
-        assert not objects(store) & {f.key for f in first.files}
+        assert not objects(store) & (first_keys - {k for f in cs.files(cs.latest()) for k in f.keys})
 
-    def test_value_only_checkpoints_are_pruned_by_release_at_the_latest(self, store: ObjectStore) -> None:
+    def test_small_commits_ride_inline_and_leave_no_objects(self, store: ObjectStore) -> None:
+        """A small value is committed in the head itself: one conditional write, no manifest object at all."""
         cs = make(store, keep_last=2)
         lease = cs.acquire()
         for i in range(40):
             cs.commit(lease, {"i": i})
         assert [e.seq for e in cs.history()] == [40, 39]
-        assert len(objects(store)) < 2 + 1 + 16, "old manifests are deleted in batches while committing"
-        cs.release(lease)
-        assert objects(store) == referenced(cs)
+        assert all(e.inline is not None and e.manifest is None for e in cs.history())
+        assert objects(store) == {f"{IDENTITY.key}/{HEAD_NAME}"} == referenced(cs)
+        assert cs.cleanup_due == 0, "nothing to clean up after inline commits"
+
+    def test_everyday_operations_take_the_fewest_requests(self, store: ObjectStore, tmp_path: Path) -> None:
+        """Resume, small saves and value-only saves cost what the protocol needs and no more.
+
+        A task start is the acquire (read the head, write it) and nothing else when the newest manifest is
+        inline; a small save is one conditional write of the head; a value-only save after a save with files
+        is one write too (it references the same tree); a save with files reads the previous tree once and
+        skips every chunk it holds.
+        """
+        src = tree(tmp_path / "src", {"a.bin": b"a" * 5000, "b.bin": b"b" * 7000})
+        counter = CrashingStore(store)
+        cs = make(counter)
+        first = WriterSession(checkpoints=cs, writer=WriterInfo(try_number=1), heartbeat=False).open()
+        first.commit({"step": 1}, files=src)
+        first.commit({"step": 2})
+        first.close()
+
+        counter.calls.clear()
+        resumed = WriterSession(
+            checkpoints=make(counter), writer=WriterInfo(try_number=2), steal=True, heartbeat=False
+        ).open()
+        assert counter.calls == ["get", "put"], f"task start: {counter.calls}"
+        assert resumed.value == {"step": 2}
+
+        counter.calls.clear()
+        resumed.commit({"step": 3})
+        assert counter.calls == ["put"], f"small save: {counter.calls}"
+        assert resumed.latest is not None and resumed.latest.file_count == 2, (
+            "the files are kept by reference"
+        )
+
+        counter.calls.clear()
+        resumed.commit({"step": 4}, files=src)
+        # Unchanged files: the previous tree is read (once per process) and nothing but the head is written.
+        assert counter.calls == ["get", "get", "put"], f"re-save of unchanged files: {counter.calls}"
+        assert resumed.latest.tree == first.latest.tree  # type: ignore[union-attr]
+        resumed.close(release=False)
 
     # -- crashes -------------------------------------------------------------------------------------------
     @pytest.mark.parametrize("after", [False, True], ids=["before-call", "after-call"])
@@ -364,7 +430,9 @@ class CheckpointStoreContract:
         counter.calls.clear()
         counting.commit(lease, {"version": "new"}, files=src_new)
         steps = list(counter.calls)
-        assert steps.count("upload_file") == 3 and "put" in steps and "delete_many" in steps, steps
+        # The head read, the previous checkpoint's tree (chunks it holds are not sent again), three chunks,
+        # the new tree, the head: deletes are off the commit path.
+        assert steps == ["get", "get", "put", "put", "put", "put", "put"], steps
 
         for crash_at, call in enumerate(steps):
             where = f"crash {'after' if after else 'before'} {call} (step {crash_at})"

@@ -42,8 +42,24 @@ class CrashingStore(ObjectStore):
     def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
         return self._call("get", self.inner.get, key, max_bytes=max_bytes)
 
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
-        return self._call("put", self.inner.put, key, data, if_none_match=if_none_match, if_match=if_match)
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        adopt_identical: bool = True,
+    ) -> str:
+        return self._call(
+            "put",
+            self.inner.put,
+            key,
+            data,
+            if_none_match=if_none_match,
+            if_match=if_match,
+            adopt_identical=adopt_identical,
+        )
 
     def upload_file(self, key: str, path: Path, *, progress: ProgressCallback | None = None) -> StoredFile:
         return self._call("upload_file", self.inner.upload_file, key, path, progress=progress)

@@ -15,9 +15,15 @@ from airflow_stateful.core.errors import (
     ObjectTooLargeError,
     PreconditionFailedError,
 )
-from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.core.stores.base import CommonPrefix, ObjectInfo, ObjectStore
 
 MIB = 1024 * 1024
+FLEET = [
+    *("a/~head.json", "a/~manifests/1.json", "a/~data/c/f", "a/~"),  # identity "a"
+    *("a/b/~head.json", "a/b/~data/x"),  # identity "a/b", nested in "a"
+    *("a-b/~head.json", "a.b/~head.json"),  # siblings that sort before "a/"
+    *("q/~x/~y", "z/free", "top", "~task-state/doc"),  # a second "/~" in one key; keys of no identity
+]
 
 
 def write_random(path: Path, size: int) -> str:
@@ -147,6 +153,51 @@ class ObjectStoreContract:
             store.put(key, b"x")
         assert [i.key for i in store.list_objects("")] == sorted(keys)
         assert [i.key for i in store.list_objects("a")] == sorted(k for k in keys if k.startswith("a"))
+
+    def test_delimited_listing_rolls_every_key_past_the_delimiter_into_one_entry(
+        self, store: ObjectStore
+    ) -> None:
+        """S3's ListObjectsV2 with a Delimiter (any string): one entry per common prefix, in key order with the
+        objects that hold no delimiter after the prefix, each prefix once however many keys it covers."""
+        for key in FLEET:
+            store.put(key, b"x")
+
+        def listed(prefix: str, delimiter: str = "/~") -> list[str]:
+            return [
+                f"{e.prefix}*" if isinstance(e, CommonPrefix) else e.key
+                for e in store.list_delimited(prefix, delimiter)
+            ]
+
+        assert listed("") == [
+            "a-b/~*",
+            "a.b/~*",
+            "a/b/~*",
+            "a/~*",
+            "q/~*",
+            "top",
+            "z/free",
+            "~task-state/doc",
+        ]
+        # Past the prefix only: the identity that "a/" names lists its own objects; nested ones roll up.
+        assert listed("a/") == ["a/b/~*", "a/~", "a/~data/c/f", "a/~head.json", "a/~manifests/1.json"]
+        assert listed("a") == ["a-b/~*", "a.b/~*", "a/b/~*", "a/~*"]
+        assert listed("a/b/~") == ["a/b/~data/x", "a/b/~head.json"]
+        assert listed("", "/") == ["a-b/*", "a.b/*", "a/*", "q/*", "top", "z/*", "~task-state/*"]
+        assert listed("a/", "/") == ["a/b/*", "a/~", "a/~data/*", "a/~head.json", "a/~manifests/*"]
+        assert listed("nothing/") == []
+        sizes = {e.key: e.size for e in store.list_delimited("", "/~") if isinstance(e, ObjectInfo)}
+        assert sizes["z/free"] == 1
+        with pytest.raises(ValueError, match="delimiter"):
+            list(store.list_delimited("", ""))
+
+    def test_delimited_listing_matches_the_full_listing_rolled_up(self, store: ObjectStore) -> None:
+        """Whatever the store does to save work, its answer is the full listing with the rule applied."""
+        for key in FLEET:
+            store.put(key, b"x")
+        for prefix in ("", "a", "a/", "a/~", "a/b", "q/~x", "~"):
+            for delimiter in ("/~", "/", "~", "b/", "/~d"):
+                expected = list(ObjectStore.list_delimited(store, prefix, delimiter))
+                assert list(store.list_delimited(prefix, delimiter)) == expected, (prefix, delimiter)
 
     def test_delete_and_delete_many(self, store: ObjectStore) -> None:
         for key in ["d/1", "d/2", "d/3"]:

@@ -45,6 +45,14 @@ class ObjectInfo:
 
 
 @dataclass(frozen=True)
+class CommonPrefix:
+    """An entry of a delimited listing (:meth:`ObjectStore.list_delimited`) standing for every object whose key
+    starts with ``prefix``, as S3's ``CommonPrefixes``: one entry however many objects it covers."""
+
+    prefix: str
+
+
+@dataclass(frozen=True)
 class StoredFile:
     """What :meth:`ObjectStore.upload_file` wrote: size and SHA-256 of the bytes actually sent."""
 
@@ -71,6 +79,9 @@ class ObjectStore(abc.ABC):
     #: whoever opens the store from configuration, so every reader and writer on it applies the same policy.
     head_signer: HeadSigner | None = None
 
+    #: How many chunks a commit or a restore moves at once on this store (threads sharing it).
+    parallelism: int = 4
+
     @abc.abstractmethod
     def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
         """Read a small object whole. Raises ObjectNotFoundError when it does not exist.
@@ -80,13 +91,23 @@ class ObjectStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        adopt_identical: bool = True,
+    ) -> str:
         """Write a small object and return its new ETag.
 
         ``if_none_match=True`` creates only if the key is absent; ``if_match`` replaces only if the
         current ETag equals it (a missing key also fails). A lost condition raises
         PreconditionFailedError and leaves the object as it was. A store may accept a create whose key
-        already holds exactly the same bytes (a retried request whose first attempt landed).
+        already holds exactly the same bytes (a retried request whose first attempt landed), unless
+        ``adopt_identical`` is off: content-addressed objects turn it off, because an identical object that
+        exists may be somebody's garbage that maintenance is deleting (docs/adr/0004).
         """
 
     @abc.abstractmethod
@@ -115,6 +136,28 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
         """All objects whose key starts with ``prefix``, in lexicographic key order."""
+
+    def list_delimited(self, prefix: str, delimiter: str) -> Iterator[ObjectInfo | CommonPrefix]:
+        """The objects under ``prefix`` with everything past a ``delimiter`` rolled up, as S3's ListObjectsV2
+        does with ``Delimiter``: why a fleet of identities can be listed one entry per identity.
+
+        For each key that starts with ``prefix``: if ``delimiter`` (any non-empty string, not only ``/``) occurs
+        in the key after ``prefix``, the key up to and including its first such occurrence is a
+        :class:`CommonPrefix`, listed once however many keys share it; otherwise the object itself is listed.
+        Entries come in byte-wise order of their key or prefix. Keys that share a common prefix are exactly
+        the keys that start with it, so a store can list a common prefix without listing its objects (S3 and
+        the local store do); this default lists them all and rolls them up here.
+        """
+        if not delimiter:
+            raise ValueError("the delimiter of a delimited listing must not be empty")
+        last = None
+        for info in self.list_objects(prefix):
+            cut = info.key.find(delimiter, len(prefix))
+            if cut < 0:
+                yield info
+            elif (rolled := info.key[: cut + len(delimiter)]) != last:
+                last = rolled
+                yield CommonPrefix(rolled)
 
     @abc.abstractmethod
     def delete(self, key: str, *, if_match: str | None = None) -> None:

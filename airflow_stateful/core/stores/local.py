@@ -33,6 +33,7 @@ from airflow_stateful.core.errors import (
 from airflow_stateful.core.stores.base import (
     CHUNK_SIZE,
     Blob,
+    CommonPrefix,
     ObjectInfo,
     ObjectStore,
     ProgressCallback,
@@ -55,6 +56,22 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _holds_a_file(directory: Path) -> bool:
+    """Whether any file lies below ``directory`` (links are not followed); stops at the first one."""
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    folders = []
+    for entry in entries:
+        if entry.is_symlink():
+            continue
+        if not entry.is_dir(follow_symlinks=False):
+            return True
+        folders.append(Path(entry.path))
+    return any(_holds_a_file(folder) for folder in folders)
 
 
 class LocalObjectStore(ObjectStore):
@@ -137,7 +154,15 @@ class LocalObjectStore(ObjectStore):
             raise ObjectNotFoundError(f"object {key!r} does not exist in {self.url}") from None
         return Blob(data=data, etag=_etag(data))
 
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        adopt_identical: bool = True,
+    ) -> str:
         if if_none_match and if_match is not None:
             raise ValueError("if_none_match and if_match exclude each other")
         dest = self._path(key)
@@ -250,6 +275,70 @@ class LocalObjectStore(ObjectStore):
             yield ObjectInfo(
                 key=key, size=st.st_size, last_modified=datetime.fromtimestamp(st.st_mtime, tz=timezone.utc)
             )
+
+    def list_delimited(self, prefix: str, delimiter: str) -> Iterator[ObjectInfo | CommonPrefix]:
+        """The delimited listing walked like :meth:`list_objects` (lazily, in key order, inside the root, never
+        through a link), but a folder whose every key rolls up into one common prefix is not walked: only
+        enough of it is read to know it holds an object (a folder left empty lists nothing, as on S3), and not
+        even that when a file beside it rolls up into the same prefix (an identity's ``~head.json``)."""
+        if not delimiter:
+            raise ValueError("the delimiter of a delimited listing must not be empty")
+        if (
+            prefix.startswith("/")
+            or "\x00" in prefix
+            or any(p in ("", ".", "..") for p in prefix.split("/")[:-1])
+        ):
+            raise ValueError(f"invalid object key prefix {prefix!r}: it must stay inside the store's root")
+        base_dir = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = self.root / base_dir if base_dir else self.root
+        if start.is_symlink() or not start.is_dir():
+            return
+        last = None
+        for entry in self._walk_delimited(start, base_dir, prefix, delimiter):
+            if isinstance(entry, CommonPrefix):
+                if entry.prefix == last:
+                    continue
+                last = entry.prefix
+            yield entry
+
+    def _walk_delimited(
+        self, directory: Path, rel: str, prefix: str, delimiter: str
+    ) -> Iterator[ObjectInfo | CommonPrefix]:
+        """Entries of ``directory`` in key order; a common prefix may repeat (the caller lists it once)."""
+        try:
+            listed = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return  # removed while listed
+        items = []
+        for entry in listed:
+            if (not rel and entry.name == _INTERNAL_DIR) or entry.is_symlink():
+                continue
+            key = f"{rel}/{entry.name}" if rel else entry.name
+            folder = entry.is_dir(follow_symlinks=False)
+            order = f"{key}/" if folder else key  # every key below a folder starts with "<folder>/"
+            rolled = None
+            if order.startswith(prefix) and (cut := order.find(delimiter, len(prefix))) >= 0:
+                rolled = order[: cut + len(delimiter)]
+            items.append((order, key, entry, folder, rolled))
+        items.sort(key=lambda item: item[0])
+        beside = {rolled for _, _, _, folder, rolled in items if rolled is not None and not folder}
+        for order, key, entry, folder, rolled in items:
+            if rolled is not None:
+                if not folder or rolled in beside or _holds_a_file(Path(entry.path)):
+                    yield CommonPrefix(rolled)
+            elif folder:
+                if order.startswith(prefix) or prefix.startswith(order):
+                    yield from self._walk_delimited(Path(entry.path), key, prefix, delimiter)
+            elif key.startswith(prefix):
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                yield ObjectInfo(
+                    key=key,
+                    size=st.st_size,
+                    last_modified=datetime.fromtimestamp(st.st_mtime, tz=timezone.utc),
+                )
 
     def delete(self, key: str, *, if_match: str | None = None) -> None:
         path = self._path(key)

@@ -39,6 +39,7 @@ from airflow_stateful.core.errors import (
 )
 from airflow_stateful.core.stores.base import (
     Blob,
+    CommonPrefix,
     ObjectInfo,
     ObjectStore,
     ProgressCallback,
@@ -155,7 +156,7 @@ class S3ObjectStore(ObjectStore):
                 check_config_kwargs(config_kwargs),
                 addressing_style=addressing_style,
                 endpoint_url=endpoint_url,
-                min_pool_connections=max(10, max_concurrency * 2),
+                min_pool_connections=max(16, max_concurrency * 4),
             )
             client = s3_client(
                 config=config,
@@ -171,6 +172,9 @@ class S3ObjectStore(ObjectStore):
             )
         self.client = client
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        # Small chunks are latency-bound: more of them in flight than multipart parts (the pool below is sized
+        # for both; max_pool_connections must cover it).
+        self.parallelism = max(8, max_concurrency * 2)
         self._pool: ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
@@ -257,7 +261,15 @@ class S3ObjectStore(ObjectStore):
             raise self._translate(exc, key) from exc
         return Blob(data=data, etag=response["ETag"])
 
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        adopt_identical: bool = True,
+    ) -> str:
         if if_none_match and if_match is not None:
             raise ValueError("if_none_match and if_match exclude each other")
         kwargs: dict[str, Any] = {}
@@ -271,14 +283,19 @@ class S3ObjectStore(ObjectStore):
             )
         except Exception as exc:
             error = self._translate(exc, key, conditional=bool(kwargs))
-            if if_none_match and isinstance(error, PreconditionFailedError):
+            if if_none_match and adopt_identical and isinstance(error, PreconditionFailedError):
                 # botocore retries a request whose answer was lost; if the first attempt created the object,
                 # the retry sees 412. Identical bytes mean the create is ours and succeeded.
                 with contextlib.suppress(StatefulError):
                     existing = self.get(key)
                     if existing.data == data:
                         return existing.etag
-            raise error from exc
+            try:
+                raise error from exc
+            finally:
+                # The raised error's traceback holds this frame, whose ``error`` holds the error: a cycle
+                # that would keep ``data`` (a chunk of up to 8 MiB) alive until the next GC pass.
+                del error
         return str(response["ETag"])
 
     def upload_file(self, key: str, path: Path, *, progress: ProgressCallback | None = None) -> StoredFile:
@@ -460,6 +477,35 @@ class S3ObjectStore(ObjectStore):
                     yield ObjectInfo(
                         key=obj["Key"][strip:], size=obj["Size"], last_modified=obj["LastModified"]
                     )
+        except Exception as exc:
+            raise self._translate(exc, prefix) from exc
+
+    def list_delimited(self, prefix: str, delimiter: str) -> Iterator[ObjectInfo | CommonPrefix]:
+        """ListObjectsV2 with ``Delimiter``: a page holds up to 1,000 entries, objects and common prefixes
+        together, and a common prefix costs one entry however many objects it covers. S3 returns each page's
+        objects and prefixes in two lists; they are merged here into one key order."""
+        if not delimiter:
+            raise ValueError("the delimiter of a delimited listing must not be empty")
+        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(
+                Bucket=self.bucket, Prefix=full_prefix, Delimiter=delimiter, **self._owner
+            ):
+                entries: list[tuple[str, ObjectInfo | CommonPrefix]] = [
+                    (key, ObjectInfo(key=key, size=obj["Size"], last_modified=obj["LastModified"]))
+                    for obj in page.get("Contents", [])
+                    for key in (obj["Key"][strip:],)
+                ]
+                entries += [
+                    (rolled, CommonPrefix(rolled))
+                    for common in page.get("CommonPrefixes", [])
+                    for rolled in (common["Prefix"][strip:],)
+                ]
+                entries.sort(key=lambda entry: entry[0])
+                for _, entry in entries:
+                    yield entry
         except Exception as exc:
             raise self._translate(exc, prefix) from exc
 
