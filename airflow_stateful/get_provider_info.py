@@ -162,6 +162,35 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "3",
                         "default": str(config.KEEP_LAST),
                     },
+                    # No default here on purpose: Airflow would store it as the option's value, and an empty
+                    # value must stay distinguishable from "not set" (empty turns the cache off).
+                    "restore_cache_dir": {
+                        "description": (
+                            "A directory on the worker where tasks keep the checkpoint chunks they saved or "
+                            "restored, so a retry on the same machine restores unchanged chunks without "
+                            "downloading them. Every chunk read from it is checked against the SHA-256 "
+                            "the committed checkpoint records (a file that does not match is deleted and the "
+                            "chunk downloaded). Created with mode 0700; a directory that is a symbolic link or "
+                            "owned by another user is refused (the restore then downloads). Not set: "
+                            "<temp dir>/airflow-stateful-cache-<uid>. Set to an empty value to turn the "
+                            "cache off."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "/var/cache/airflow-stateful",
+                        "default": None,
+                    },
+                    "restore_cache_max_bytes": {
+                        "description": (
+                            "Bytes the restore cache keeps at most, per directory; beyond it the least "
+                            "recently used chunks are deleted. A checkpoint larger than this is not cached. "
+                            "0 turns the cache off."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "integer",
+                        "example": "4294967296",
+                        "default": str(config.RESTORE_CACHE_MAX_BYTES),
+                    },
                 },
             }
         },

@@ -36,6 +36,13 @@ the commit run in a thread. The rules, and why:
 * **A crash while the thread uploads** (SIGKILL, OOM) leaves the previous checkpoint valid: nothing is
   visible before the head's compare-and-swap (docs/adr/0001-commit-protocol.md). The staging copy left behind
   is removed by the next background save into the same staging directory (its lock died with the process).
+
+**The worker's restore cache** (``restore_cache``, which ``StatefulOperator`` passes from ``[stateful]
+restore_cache_dir``): a save with files keeps the chunks it committed in a directory on the worker, and
+:meth:`TaskState.restore_files` takes chunks from there before downloading, each verified against the SHA-256
+the checkpoint records. So a retry on the same machine restores the files its failed try saved without
+downloading them again (see :mod:`airflow_stateful.core.chunk_cache`). The cache can only save downloads:
+a file in it that does not match is deleted and the chunk downloaded, and a cache that fails is skipped.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
+from airflow_stateful.core.chunk_cache import CacheStats, LocalChunkCache
 from airflow_stateful.core.codecs import encode_value
 from airflow_stateful.core.errors import InvalidValueError, StopRequested
 from airflow_stateful.core.progress import human_bytes
@@ -169,6 +177,20 @@ class PendingSave:
             self._done.set()
 
 
+def _log_cache_use(cache: LocalChunkCache, before: CacheStats, manifest: Manifest) -> None:
+    """One line telling whether the restore cache saved the download (so a user can see it work)."""
+    after = cache.stats
+    log.info(
+        "restored checkpoint %d: %s of %s from the restore cache %s (%d chunk(s)), %d chunk(s) downloaded",
+        manifest.seq,
+        human_bytes(after.hit_bytes - before.hit_bytes),
+        human_bytes(manifest.total_size),
+        cache.directory,
+        after.hits - before.hits,
+        after.misses - before.misses,
+    )
+
+
 class TaskState:
     """The state of one stateful task instance, shared by all its tries.
 
@@ -178,6 +200,8 @@ class TaskState:
     :param clock: monotonic seconds, for ``checkpoint_interval``; injectable for tests.
     :param staging_dir: where ``save(files=..., wait=False)`` copies the files it snapshots; default: a
         hidden ``.stateful-staging`` directory beside the saved path (see :mod:`airflow_stateful.core.snapshot`).
+    :param restore_cache: the worker's restore cache: saves with files fill it and :meth:`restore_files` reads
+        it before downloading (every chunk verified); default ``None``: every restore downloads.
     """
 
     def __init__(
@@ -188,8 +212,10 @@ class TaskState:
         checkpoint_interval: timedelta | None = None,
         clock: Callable[[], float] = time.monotonic,
         staging_dir: str | os.PathLike[str] | None = None,
+        restore_cache: LocalChunkCache | None = None,
     ) -> None:
         self._session = session
+        self._restore_cache = restore_cache
         self._value = session.value
         # What the task sees of the store, changed only in the task's own calls (never by the background save).
         self._latest: Manifest | None = session.latest
@@ -370,11 +396,14 @@ class TaskState:
         session = self._session
 
         def commit() -> Manifest:
-            return session.commit(
+            manifest = session.commit(
                 frozen,
                 files=snapshot.path if snapshot else None,
                 extra={_CURSORS: cursors} if cursors else None,
             )
+            if snapshot is not None:
+                self._remember_files(manifest, snapshot.path)  # before the snapshot is discarded
+            return manifest
 
         try:
             pending._start(commit, name=f"stateful-save-{session.identity.key[:40]}")
@@ -402,7 +431,24 @@ class TaskState:
             follow_symlinks=follow_symlinks,
         )
         self._value, self._latest = value, manifest
+        if files is not None:
+            self._remember_files(manifest, files)
         return CheckpointInfo.of(manifest)
+
+    def _remember_files(self, manifest: Manifest, source: str | os.PathLike[str]) -> None:
+        """Keep the chunks just committed in the restore cache (what a retry on this worker restores first).
+
+        Best effort: the checkpoint is committed whatever happens here, so nothing here may raise.
+        """
+        cache = self._restore_cache
+        if cache is None or not manifest.has_files:
+            return
+        try:
+            tree = self._session.checkpoints.tree(manifest)  # the tree the commit just wrote: no request
+            if tree is not None:
+                cache.remember_files(tree, source)
+        except Exception as exc:
+            log.warning("restore cache not filled after checkpoint %d: %s", manifest.seq, exc)
 
     def _commit_value(self, cursors: dict[str, int]) -> CheckpointInfo:
         """Commit :attr:`value` as it is once a background save in flight has been waited for (it may set it)."""
@@ -417,10 +463,19 @@ class TaskState:
     def restore_files(self, dest: str | Path) -> list[Path]:
         """Restore the files of the newest checkpoint into directory ``dest``, verified; ``[]`` if none.
 
-        Waits for a background save in flight first (and raises its error), so "newest" includes it.
+        Waits for a background save in flight first (and raises its error), so "newest" includes it. Chunks
+        found in the worker's restore cache (verified against the checkpoint's SHA-256) are not downloaded.
         """
         self.wait_for_save()
-        return self._session.restore_files(dest, self._latest)
+        latest, cache = self._latest, self._restore_cache
+        if cache is None:
+            return self._session.restore_files(dest, latest)
+        if latest is None or not latest.has_files:
+            return []
+        before = cache.stats
+        restored = self._session.checkpoints.restore_files(latest, dest, cache=cache)
+        _log_cache_use(cache, before, latest)
+        return restored
 
     def resume(
         self,

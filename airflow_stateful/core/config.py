@@ -9,9 +9,12 @@ variables for the in-pod client (:mod:`airflow_stateful.client.settings`). Both 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 from airflow_stateful.core.durations import parse_duration
 from airflow_stateful.core.errors import ConfigurationError
@@ -31,6 +34,14 @@ GC_MIN_AGE = timedelta(hours=1)
 """Unreferenced objects younger than this are left alone by GC (an extra margin on top of the lease rules)."""
 RENEW_FRACTION = 1 / 3
 """A writer renews its lease every ``lease_ttl * RENEW_FRACTION`` seconds (with jitter)."""
+RESTORE_CACHE_MAX_BYTES = 2 * 1024 * 1024 * 1024
+"""Bytes a worker's restore cache keeps at most (least recently used chunks are evicted beyond it)."""
+
+
+def default_restore_cache_dir() -> str:
+    """``<temp dir>/airflow-stateful-cache-<uid>``: on the worker's own disk, one per user (the cache refuses a
+    directory another user owns, so a shared temp dir cannot be used to plant or read chunks)."""
+    return str(Path(tempfile.gettempdir()) / f"airflow-stateful-cache-{os.geteuid()}")
 
 
 def parse_int(raw: str, *, what: str, minimum: int, maximum: int | None = None) -> int:
@@ -57,6 +68,9 @@ class StatefulSettings:
     keep_last: int = KEEP_LAST
     signing_conn_id: str = ""
     require_signed_heads: bool = False
+    restore_cache_dir: str = field(default_factory=default_restore_cache_dir)
+    """Where a worker keeps chunks it restored or saved, for a retry on the same machine; ``""``: no cache."""
+    restore_cache_max_bytes: int = RESTORE_CACHE_MAX_BYTES
 
     @classmethod
     def from_options(
@@ -112,4 +126,22 @@ class StatefulSettings:
             keep_last=integer("keep_last", KEEP_LAST, minimum=1, maximum=MAX_KEPT),
             signing_conn_id=text("signing_conn_id") or "",
             require_signed_heads=boolean("require_signed_heads"),
+            restore_cache_dir=_cache_dir(get("restore_cache_dir"), what=source("restore_cache_dir")),
+            restore_cache_max_bytes=integer(
+                "restore_cache_max_bytes", RESTORE_CACHE_MAX_BYTES, minimum=0, maximum=1 << 50
+            ),
         )
+
+
+def _cache_dir(raw: str | None, *, what: str) -> str:
+    """Unset (``None``): the default; set but empty: ``""`` (no cache); else an absolute path (``~`` expanded)."""
+    if raw is None:
+        return default_restore_cache_dir()
+    if not raw.strip():
+        return ""
+    path = Path(raw.strip()).expanduser()
+    if not path.is_absolute():
+        raise ConfigurationError(
+            f"{what} must be an absolute path (or empty to turn the cache off), not {raw!r}"
+        )
+    return str(path)

@@ -16,6 +16,10 @@ Which stops use a retry:
 
 A save running in the background (``state.save(..., wait=False)``) is always waited for before the session
 closes: when the code returns (its error then fails the try), on a stop, and when the code raised.
+
+Every try gets the worker's restore cache (``[stateful] restore_cache_dir``, on by default): the files a try
+saves stay on the worker, and ``state.restore_files`` in a retry on the same machine takes the unchanged
+chunks from there, verified, instead of downloading them (:mod:`airflow_stateful.core.chunk_cache`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_stateful.core.chunk_cache import restore_cache_for
 from airflow_stateful.core.errors import InvalidValueError, StopRequested
 from airflow_stateful.core.session import describe_checkpoint
 from airflow_stateful.operators.mixin import STATEFUL_TEMPLATE_FIELDS, StatefulMixin, check_choice
@@ -91,6 +96,7 @@ class StatefulOperator(StatefulMixin, BaseOperator):
         # A stop belongs to one execution; an operator object reused for the next one starts clean.
         self._state, self._stop_early = None, False
         hook = self.state_hook()
+        cache = restore_cache_for(hook.settings)
         try:
             session = self.open_session(context, hook)
             with session:
@@ -98,6 +104,7 @@ class StatefulOperator(StatefulMixin, BaseOperator):
                     session=session,
                     checkpoint_every=self.checkpoint_every,
                     checkpoint_interval=self.checkpoint_interval,
+                    restore_cache=cache,
                 )
                 self._state = state
                 if self._stop_early:
@@ -118,6 +125,8 @@ class StatefulOperator(StatefulMixin, BaseOperator):
                     session.purge()
                 return result
         finally:
+            if cache is not None:
+                cache.close()  # the session closed above, after every save was waited for
             hook.close()
 
     def on_kill(self) -> None:
