@@ -42,6 +42,7 @@ from airflow_stateful.core.errors import (
     PreconditionFailedError,
     StatefulError,
 )
+from airflow_stateful.core.file_index import FileIndex
 from airflow_stateful.core.files import LocalFile, collect_files
 from airflow_stateful.core.head import HeadStore
 from airflow_stateful.core.identity import Identity
@@ -129,6 +130,8 @@ class CheckpointStore:
         self.heads = HeadStore(store=store, identity=identity, clock=clock)
         self.parallelism = parallelism or store.parallelism
         self._trees: dict[str, Tree] = {}
+        #: The files this writer saved last, so a re-save reads only the files that changed (:mod:`.file_index`).
+        self.file_index = FileIndex()
         #: Checkpoints with objects of their own that retention dropped since the last :meth:`sweep`.
         self.cleanup_due = 0
 
@@ -399,6 +402,7 @@ class CheckpointStore:
             workers=self.parallelism,
             check=check,
             progress=progress,
+            index=self.file_index,
         )
         if progress:
             progress.finish()

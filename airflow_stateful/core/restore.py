@@ -85,9 +85,12 @@ def restore_files(
                         "Nothing was restored."
                     ) from exc
         restored = []
+        parents: set[Path] = set()
         for rel in rels:
             target = dest / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.parent not in parents:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                parents.add(target.parent)
             (staging / rel).replace(target)
             restored.append(target)
     finally:

@@ -16,19 +16,28 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_stateful.core.chunking import iter_chunks
-from airflow_stateful.core.errors import CheckpointCorruptError, ObjectNotFoundError, PreconditionFailedError
+from airflow_stateful.core.errors import (
+    CheckpointCorruptError,
+    InvalidValueError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+)
+from airflow_stateful.core.file_index import FileIndex, FileStatus
 from airflow_stateful.core.files import LocalFile
 from airflow_stateful.core.stores.base import ObjectStore, ProgressCallback
 from airflow_stateful.core.trees import ChunkRef, TreeFile, chunk_key
 
 MAX_IN_FLIGHT = 12 * 1024 * 1024
 """Bytes of chunk data held by queued and running transfers at most (the RSS bound is built on it)."""
+MAX_OPEN_FILES = 128
+"""Staging files a restore holds open at once."""
 
 
 class _Budget:
@@ -70,21 +79,37 @@ def upload_files(
     workers: int,
     check: Callable[[], None] | None = None,
     progress: ProgressCallback | None = None,
+    index: FileIndex | None = None,
 ) -> UploadResult:
     """Cut, hash and upload the chunks of ``files`` that ``known`` (sha256 -> chunk the identity keeps) lacks.
 
     A chunk whose plain name already holds an object nobody references (crash garbage that maintenance may be
     deleting right now) is never adopted: it is written again under a name of this commit's own.
     ``check`` runs before each upload (a writer that lost its lease stops here, before sending more).
+    ``index``: the writer's :class:`~airflow_stateful.core.file_index.FileIndex`; a file whose status it
+    knows, all of whose chunks are in ``known``, is not read at all. Updated when the upload succeeds.
     """
     budget = _Budget(MAX_IN_FLIGHT)
     placed: dict[str, ChunkRef] = dict(known)
-    pending: dict[str, Future[ChunkRef]] = {}
+    claimed = set(placed)  # placed, or being uploaded by one of the threads
     lock = threading.Lock()
-    sent = [0, 0]
+    sent, reused = [0, 0], [0, 0]
+    failures: list[BaseException] = []
 
-    def put(sha: str, data: bytes) -> ChunkRef:
+    def process(data: bytes) -> str:
+        """Hash one chunk and upload it unless the identity holds it or another thread is uploading it.
+
+        Hashing runs here, on the pool (hashlib releases the GIL), while the calling thread cuts the next
+        chunks: on two cores cutting and hashing overlap instead of adding up."""
+        size = len(data)
         try:
+            sha = hashlib.sha256(data).hexdigest()
+            with lock:
+                if sha in claimed:
+                    reused[0] += 1
+                    reused[1] += size
+                    return sha
+                claimed.add(sha)
             if check is not None:
                 check()
             key = chunk_key(identity, sha)
@@ -94,60 +119,91 @@ def upload_files(
                 key = chunk_key(identity, sha, unique=commit_id)
                 store.put(key, data, if_none_match=True)
             with lock:
+                placed[sha] = ChunkRef(key=key, sha256=sha, size=size)
                 sent[0] += 1
-                sent[1] += len(data)
+                sent[1] += size
             if progress:
-                progress(len(data))
-            return ChunkRef(key=key, sha256=sha, size=len(data))
+                progress(size)
+            return sha
+        except BaseException as exc:
+            failures.append(exc)
+            raise
         finally:
-            budget.give(len(data))
+            del data
+            budget.give(size)
 
-    layouts: list[tuple[LocalFile, list[tuple[str, int]]]] = []
-    reused = [0, 0]
+    # Per file: its chunks' futures (each gives the chunk's SHA-256) and sizes, and what the index needs.
+    layouts: list[tuple[LocalFile, list[Future[str]] | None, list[tuple[str, int]]]] = []
+    staged: list[tuple[str, FileStatus, FileStatus, int, int]] = []  # name, before, after, started, layout
+    futures: list[Future[str]] = []
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stateful-up") as pool:
         try:
             for local in files:
-                pieces: list[tuple[str, int]] = []
+                name = os.path.abspath(local.path)
+                status = _status(name) if index is not None else None
+                if index is not None and status is not None:
+                    remembered = index.lookup(name, status)
+                    if remembered is not None and all(sha in placed for sha, _ in remembered):
+                        index.keep(name, status, remembered)
+                        layouts.append((local, None, list(remembered)))
+                        reused[0] += len(remembered)
+                        reused[1] += sum(size for _, size in remembered)
+                        if progress:
+                            progress(local.size)
+                        continue
+                started = time.time_ns()
+                mine: list[Future[str]] = []
+                sizes: list[tuple[str, int]] = []
                 try:
                     for data in iter_chunks(local.path, local.size):
-                        sha = hashlib.sha256(data).hexdigest()
-                        pieces.append((sha, len(data)))
-                        if sha in placed or sha in pending:
-                            if sha in placed:
-                                reused[0] += 1
-                                reused[1] += len(data)
-                            continue
+                        if failures:
+                            raise failures[0]
                         budget.take(len(data))
-                        pending[sha] = pool.submit(put, sha, data)
+                        sizes.append(("", len(data)))
+                        mine.append(pool.submit(process, data))
                         del data
                 except FileNotFoundError:
-                    from airflow_stateful.core.errors import InvalidValueError
-
                     raise InvalidValueError(
                         f"file {local.rel!r} disappeared while the checkpoint was being saved; nothing was "
                         "committed (the previous checkpoint is intact). Do not change the directory while it is "
                         "saved."
                     ) from None
-                if sum(size for _, size in pieces) != local.size:
-                    from airflow_stateful.core.errors import InvalidValueError
-
+                if sum(size for _, size in sizes) != local.size:
                     raise InvalidValueError(
                         f"file {local.rel!r} changed size while the checkpoint was being saved; nothing was "
                         "committed. Do not change the directory while it is saved."
                     )
-                layouts.append((local, pieces))
-                _raise_first_error(pending.values())
-            done, _ = wait(pending.values(), return_when=FIRST_EXCEPTION)
-            _raise_first_error(done)
+                futures.extend(mine)
+                if status is not None:
+                    after = _status(name)
+                    if after is not None:
+                        staged.append((name, status, after, started, len(layouts)))
+                layouts.append((local, mine, sizes))
+            wait(futures, return_when=FIRST_EXCEPTION)
+            if failures:
+                raise failures[0]
         except BaseException:
-            for future in pending.values():
+            for future in futures:
                 future.cancel()
+            if index is not None:
+                index.discard()
             raise
-    for sha, future in pending.items():
-        placed[sha] = future.result()
+    resolved = [
+        (
+            local,
+            [(f.result(), size) for f, (_, size) in zip(mine, sizes, strict=True)]
+            if mine is not None
+            else sizes,
+        )
+        for local, mine, sizes in layouts
+    ]
+    if index is not None:
+        for name, before, after, started, n in staged:
+            index.stage(name, before, after, tuple(resolved[n][1]), started)
+        index.publish()
     tree_files = [
         TreeFile(path=local.rel, size=local.size, chunks=tuple(placed[sha] for sha, _ in pieces))
-        for local, pieces in layouts
+        for local, pieces in resolved
     ]
     return UploadResult(
         files=tree_files,
@@ -158,10 +214,11 @@ def upload_files(
     )
 
 
-def _raise_first_error(futures: Iterable[Future[ChunkRef]]) -> None:
-    for future in futures:
-        if future.done() and not future.cancelled() and future.exception() is not None:
-            raise future.exception()  # type: ignore[misc]
+def _status(path: str) -> FileStatus | None:
+    try:
+        return FileStatus.of(os.stat(path))
+    except OSError:
+        return None  # reading it will say what is wrong
 
 
 def download_files(
@@ -179,8 +236,9 @@ def download_files(
     ``remember`` sees every verified chunk (to fill that cache).
     """
     budget = _Budget(MAX_IN_FLIGHT)
+    failures: list[BaseException] = []
 
-    def fetch(chunk: ChunkRef, fd: int, offset: int) -> None:
+    def fetch(chunk: ChunkRef, target: _Staged, offset: int) -> None:
         try:
             data = cached(chunk) if cached is not None else None
             if data is None or hashlib.sha256(data).hexdigest() != chunk.sha256:
@@ -199,36 +257,84 @@ def download_files(
                     )
                 if remember is not None:
                     remember(chunk, data)
-            os.pwrite(fd, data, offset)
+            os.pwrite(target.fd, data, offset)
+            target.written()
             if progress:
                 progress(len(data))
+        except BaseException as exc:
+            failures.append(exc)
+            raise
         finally:
             budget.give(chunk.size)
 
-    descriptors: list[int] = []
+    opened: list[_Staged] = []
     futures: list[Future[None]] = []
+    parents: set[Path] = set()
+    slots = threading.BoundedSemaphore(MAX_OPEN_FILES)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stateful-down") as pool:
         try:
             for tree_file, staged in files:
-                staged.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                descriptors.append(fd)
-                os.ftruncate(fd, tree_file.size)
+                if failures:
+                    raise failures[0]
+                if staged.parent not in parents:
+                    staged.parent.mkdir(parents=True, exist_ok=True)
+                    parents.add(staged.parent)
+                slots.acquire()  # released when the file is closed
+                try:
+                    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                except BaseException:
+                    slots.release()
+                    raise
+                target = _Staged(fd, chunks=len(tree_file.chunks), slots=slots)
+                opened.append(target)
+                os.ftruncate(target.fd, tree_file.size)
+                if not tree_file.chunks:
+                    target.finish()
                 offset = 0
                 for chunk in tree_file.chunks:
                     budget.take(chunk.size)
-                    futures.append(pool.submit(fetch, chunk, fd, offset))
+                    futures.append(pool.submit(fetch, chunk, target, offset))
                     offset += chunk.size
-                _raise_first_error(futures)  # type: ignore[arg-type]
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            _raise_first_error(done)  # type: ignore[arg-type]
-            for fd in descriptors:
-                os.fsync(fd)
+            wait(futures, return_when=FIRST_EXCEPTION)
+            if failures:
+                raise failures[0]
         except BaseException:
             for future in futures:
                 future.cancel()
             raise
         finally:
             wait(futures)
-            for fd in descriptors:
+            for target in opened:
+                target.close()
+
+
+class _Staged:
+    """A staging file being restored: synced and closed by whichever thread writes its last chunk, so a
+    restore of many files holds at most :data:`MAX_OPEN_FILES` open (a worker's default limit is often 1,024
+    descriptors), and the fsyncs run on the pool, side by side (the file system commits them together)."""
+
+    def __init__(self, fd: int, *, chunks: int, slots: threading.BoundedSemaphore) -> None:
+        self.fd = fd
+        self._left = chunks
+        self._slots = slots
+        self._lock = threading.Lock()
+
+    def written(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self.finish()
+
+    def finish(self) -> None:
+        os.fsync(self.fd)
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
                 os.close(fd)
+            finally:
+                self._slots.release()

@@ -4,6 +4,7 @@ retention, and a crash injected at every step of a commit. Subclasses provide a 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from datetime import timedelta
@@ -404,6 +405,135 @@ class CheckpointStoreContract:
         assert counter.calls == ["get", "get", "put"], f"re-save of unchanged files: {counter.calls}"
         assert resumed.latest.tree == first.latest.tree  # type: ignore[union-attr]
         resumed.close(release=False)
+
+    # -- the writer's file index: re-saves read only what changed ---------------------------------------
+    @staticmethod
+    def _reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+        """The files a commit reads (a spy on the real chunker: every read still happens)."""
+        from airflow_stateful.core import transfer
+
+        read: list[str] = []
+        real = transfer.iter_chunks
+
+        def spy(path: Path, size: int) -> Any:
+            read.append(Path(path).name)
+            return real(path, size)
+
+        monkeypatch.setattr(transfer, "iter_chunks", spy)
+        return read
+
+    def test_a_resave_reads_only_the_files_whose_status_changed(
+        self, store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Files settled before a save are not read again by the same writer while their status holds; a
+        changed file is read, uploaded and restored with its new bytes."""
+        from airflow_stateful.core import file_index
+
+        monkeypatch.setattr(file_index, "RACY_SECONDS", 0.05)
+        src = tree(tmp_path / "src", {"a.bin": b"a" * 5000, "b.bin": b"b" * 7000, "c.bin": b"c" * 300})
+        time.sleep(0.1)  # settled: older than RACY_SECONDS when hashed
+        reads = self._reads(monkeypatch)
+        cs = make(store)
+        lease = cs.acquire()
+        cs.commit(lease, {"step": 1}, files=src)
+        assert sorted(reads) == ["a.bin", "b.bin", "c.bin"]
+
+        reads.clear()
+        unchanged = cs.commit(lease, {"step": 2}, files=src)
+        assert reads == [], "nothing changed: no file is read"
+
+        (src / "b.bin").write_bytes(b"B" * 7001)
+        time.sleep(0.1)
+        reads.clear()
+        changed = cs.commit(lease, {"step": 3}, files=src)
+        assert reads == ["b.bin"]
+        assert changed.tree != unchanged.tree
+        out = tmp_path / "out"
+        cs.restore_files(changed, out)
+        assert read_tree(out) == {"a.bin": b"a" * 5000, "b.bin": b"B" * 7001, "c.bin": b"c" * 300}
+
+    def test_a_file_rewritten_with_the_same_size_and_mtime_is_still_saved(
+        self, store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``touch -r``/``cp -p`` put the old modification time back; the change time still moves, so the
+        new bytes are read and committed, never the old chunks."""
+        from airflow_stateful.core import file_index
+
+        monkeypatch.setattr(file_index, "RACY_SECONDS", 0.05)
+        src = tree(tmp_path / "src", {"w.bin": b"old weights!" * 100})
+        st = (src / "w.bin").stat()
+        time.sleep(0.1)
+        cs = make(store)
+        lease = cs.acquire()
+        cs.commit(lease, {"step": 1}, files=src)
+        time.sleep(0.05)  # the rewrite gets a later change time whatever the clock's tick
+        (src / "w.bin").write_bytes(b"new weights!" * 100)
+        os.utime(src / "w.bin", ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert (src / "w.bin").stat().st_mtime_ns == st.st_mtime_ns
+        time.sleep(0.1)
+        latest = cs.commit(lease, {"step": 2}, files=src)
+        cs.restore_files(latest, tmp_path / "out")
+        assert (tmp_path / "out" / "w.bin").read_bytes() == b"new weights!" * 100
+
+    def test_a_racily_clean_file_is_read_again(
+        self, store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A file modified just before it was hashed may change again within its time stamp's tick: the index
+        does not vouch for it, the next save reads it again."""
+        src = tree(tmp_path / "src", {"fresh.bin": b"f" * 1000})  # just written: within RACY_SECONDS (2 s)
+        reads = self._reads(monkeypatch)
+        cs = make(store)
+        lease = cs.acquire()
+        cs.commit(lease, {"step": 1}, files=src)
+        cs.commit(lease, {"step": 2}, files=src)
+        assert reads == ["fresh.bin", "fresh.bin"]
+        assert len(cs.file_index) == 0
+
+    def test_the_index_never_vouches_for_chunks_the_identity_no_longer_holds(
+        self, store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """After the checkpoint the index came from is gone (another writer's newer checkpoint, retention), an
+        unchanged file is read and its chunks uploaded again: every checkpoint holds its own chunks."""
+        from airflow_stateful.core import file_index
+
+        monkeypatch.setattr(file_index, "RACY_SECONDS", 0.05)
+        src = tree(tmp_path / "src", {"a.bin": b"a" * 5000})
+        other = tree(tmp_path / "other", {"z.bin": b"z" * 10})
+        time.sleep(0.1)
+        reads = self._reads(monkeypatch)
+        cs = make(store, keep_last=1)
+        lease = cs.acquire()
+        cs.commit(lease, {"step": 1}, files=src)
+        cs.commit(lease, {"step": 2}, files=other)  # keep_last=1: the checkpoint holding a.bin is dropped
+        cs.sweep(lease)
+        reads.clear()
+        latest = cs.commit(lease, {"step": 3}, files=src)
+        assert "a.bin" in reads
+        cs.restore_files(latest, tmp_path / "out")
+        assert read_tree(tmp_path / "out") == {"a.bin": b"a" * 5000}
+
+    def test_restoring_more_files_than_the_descriptor_limit(self, store: ObjectStore, tmp_path: Path) -> None:
+        """A worker's soft limit is often 1,024 descriptors: a restore of more files than it allows still
+        succeeds (staging files are closed as they complete, at most MAX_OPEN_FILES at once)."""
+        import resource
+
+        from airflow_stateful.core.transfer import MAX_OPEN_FILES
+
+        src = tree(tmp_path / "src", {f"d{i % 7}/f{i:04d}.txt": f"file {i}".encode() for i in range(600)})
+        cs = make(store)
+        lease = cs.acquire()
+        manifest = cs.commit(lease, {"files": 600}, files=src)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        in_use = len(os.listdir("/proc/self/fd"))
+        limit = in_use + MAX_OPEN_FILES + 64  # room for the pool's sockets, far fewer than 600 files
+        assert limit < 600 <= soft
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+        try:
+            restored = cs.restore_files(manifest, tmp_path / "out")
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert len(restored) == 600
+        assert read_tree(tmp_path / "out") == read_tree(src)
 
     # -- crashes -------------------------------------------------------------------------------------------
     @pytest.mark.parametrize("after", [False, True], ids=["before-call", "after-call"])

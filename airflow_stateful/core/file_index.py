@@ -1,0 +1,110 @@
+"""Which local files a writer already chunked and hashed: a re-save reads only the files that changed.
+
+Why: a content-addressed save learns what changed by hashing, and hashing every byte of a 512 MiB tree to
+find the one file of 32 that changed costs more than uploading that file. So, like git's index and restic's
+and borg's file caches, a writer remembers for each file it saved the file's status (device, inode, size,
+modification and change times, in nanoseconds) and the chunks its bytes were cut into. When a later save of
+the same writer finds a file with the very same status, and the identity still holds every one of those
+chunks (they are in the tree the save deduplicates against), it takes the chunks without reading the file.
+
+Why it is safe:
+
+* any write to a file changes its modification time and its change time (``ctime``), and no call lets a
+  program set ``ctime`` (``touch``, ``os.utime`` and ``cp -p`` restore ``mtime`` only); a file replaced by
+  a rename has another inode. So a file whose status is unchanged holds the bytes it held;
+* *racily clean* files (git's term) are never remembered: a file changed within the timestamp granularity
+  of the moment it was hashed could change again without its times moving. A file is remembered only if
+  both its times are older than :data:`RACY_SECONDS` before the hashing started (coarse file systems stamp
+  to the second or two), and its status after reading equals its status before;
+* the index lives in the writer's memory only (never in the store, never on disk), so it cannot be forged
+  by whoever can write the bucket or the worker's temp dir, and it dies with the process: a retry hashes
+  every file once.
+
+The index is kept for the files of the latest save only, so its size is that of one checkpoint's file list.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+RACY_SECONDS = 2.0
+"""A file modified this recently before it was hashed is hashed again next time (see the module doc)."""
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    """What must be the same for a file to be taken as unchanged."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStatus:
+        return cls(
+            device=st.st_dev,
+            inode=st.st_ino,
+            size=st.st_size,
+            mtime_ns=st.st_mtime_ns,
+            ctime_ns=st.st_ctime_ns,
+        )
+
+    def settled_before(self, started_ns: int) -> bool:
+        """Both times lie well before ``started_ns`` (wall clock): not racily clean."""
+        limit = started_ns - int(RACY_SECONDS * 1e9)
+        return self.mtime_ns < limit and self.ctime_ns < limit
+
+
+Pieces = tuple[tuple[str, int], ...]
+"""A file's chunks as ``(sha256, size)``, in order."""
+
+
+class FileIndex:
+    """The status and chunks of the files one writer saved last. Thread-safe; see the module doc."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[FileStatus, Pieces]] = {}
+        self._next: dict[str, tuple[FileStatus, Pieces]] = {}
+
+    def lookup(self, path: str, status: FileStatus) -> Pieces | None:
+        """The chunks of ``path`` if it was saved with exactly this status, else ``None``."""
+        with self._lock:
+            entry = self._entries.get(path)
+        if entry is None or entry[0] != status:
+            return None
+        return entry[1]
+
+    def stage(
+        self, path: str, before: FileStatus, after: FileStatus, pieces: Pieces, started_ns: int
+    ) -> None:
+        """Note what the save in progress found for ``path`` (``started_ns``: ``time.time_ns()`` before it was
+        read; file times are wall-clock times); kept only if the file was settled and did not change while it
+        was read. Takes effect at :meth:`publish` (a failed save leaves the index as it was)."""
+        if before != after or not before.settled_before(started_ns):
+            return
+        with self._lock:
+            self._next[path] = (before, pieces)
+
+    def keep(self, path: str, status: FileStatus, pieces: Pieces) -> None:
+        """The save in progress took ``path`` from the index (:meth:`lookup`): it stays known."""
+        with self._lock:
+            self._next[path] = (status, pieces)
+
+    def publish(self) -> None:
+        """The save succeeded: what it staged becomes the index (files no longer saved are forgotten)."""
+        with self._lock:
+            self._entries, self._next = self._next, {}
+
+    def discard(self) -> None:
+        """The save failed: forget what it staged."""
+        with self._lock:
+            self._next = {}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
