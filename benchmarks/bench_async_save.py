@@ -24,6 +24,9 @@ Fairness and what the numbers mean:
   up); a faster endpoint shrinks the denominator and makes the ratio larger. The snapshot's cost is a local
   copy (``copy_file_range``), which depends only on the disk: read the absolute ``blocked`` figure too.
 
+``--json`` writes this script's own summary; ``--json-out PATH`` writes the row of issue 13's target table
+(``{"machine", "endpoint", "rows"}``, schema in ``bench_rows.py``) that ``benchmarks/run_all.py`` collects.
+
 The exit code is 0 whether or not the goal is met; the goal is printed as PASS or MISS.
 """
 
@@ -44,7 +47,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench_rows import moto_endpoint, timed_row, write_json_out
 from bench_store import (  # the same helpers as the store benchmark (this folder)
+    RequestCounter,
     make_client,
     write_random_file,
 )
@@ -81,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workdir", type=Path, default=None, help="where the checkpoint directory lives")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here as JSON")
+    parser.add_argument(
+        "--json-out",
+        type=Path,
+        default=None,
+        help="also write the target row here as JSON (see bench_rows.py; benchmarks/run_all.py)",
+    )
     args = parser.parse_args(argv)
     size = args.size_mib * MIB
     log = print
@@ -105,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         ckpt.mkdir()
         payload = ckpt / "weights.bin"
         results: dict[str, list[float]] = {"sync": [], "blocked": [], "async_total": [], "snapshot": []}
+        counter = RequestCounter(store.client)
+        requests: dict[str, list[int]] = {"sync": [], "async": []}
         methods: set[str] = set()
 
         with WriterSession(checkpoints=checkpoints, writer=WriterInfo(try_number=1)) as session:
@@ -124,18 +137,20 @@ def main(argv: list[str] | None = None) -> int:
 
             def sync(i: int) -> None:
                 fresh()
-                start = time.perf_counter()
-                state.save({"i": i, "side": "sync"}, files=ckpt)
-                results["sync"].append(time.perf_counter() - start)
+                with counter.measure(requests["sync"]):
+                    start = time.perf_counter()
+                    state.save({"i": i, "side": "sync"}, files=ckpt)
+                    results["sync"].append(time.perf_counter() - start)
                 log(f"  sync  #{i + 1}: {results['sync'][-1]:.3f} s")
 
             def background(i: int) -> None:
                 fresh()
-                start = time.perf_counter()
-                pending = state.save({"i": i, "side": "async"}, files=ckpt, wait=False)
-                blocked = time.perf_counter() - start
-                pending.wait()
-                total = time.perf_counter() - start
+                with counter.measure(requests["async"]):
+                    start = time.perf_counter()
+                    pending = state.save({"i": i, "side": "async"}, files=ckpt, wait=False)
+                    blocked = time.perf_counter() - start
+                    pending.wait()
+                    total = time.perf_counter() - start
                 results["blocked"].append(blocked)
                 results["async_total"].append(total)
                 assert pending.snapshot is not None
@@ -190,6 +205,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    if args.json_out:
+        # Pairs are (sync i, async i): the two saves of one repetition, run back to back.
+        row = timed_row(
+            scenario=f"async save of {args.size_mib} MiB: time the task is blocked",
+            baseline="synchronous save (state.save(value, files=dir))",
+            candidate="state.save(value, files=dir, wait=False) until it returns",
+            baseline_seconds=results["sync"],
+            candidate_seconds=results["blocked"],
+            goal=GOAL,
+            requests_baseline=statistics.fmean(requests["sync"]),
+            requests_candidate=statistics.fmean(requests["async"]),
+            notes=(
+                f"{summary['cache']} cache; blocked median {med['blocked']:.3f} s, of which the snapshot copy "
+                f"({', '.join(sorted(methods))}) {med['snapshot']:.3f} s; until committed "
+                f"{med['async_total'] / med['sync']:.2f}x the synchronous save; the async side's requests "
+                "include its background upload and commit"
+            ),
+        )
+        write_json_out(args.json_out, [row], endpoint=moto_endpoint())
     return 0
 
 
