@@ -1,6 +1,6 @@
 """Run every benchmark of issue 13's target table and print one table: scenario, baseline, ratio, goal, verdict.
 
-Run it with ``make bench`` or ``.venv/bin/python benchmarks/run_all.py`` (about 15 minutes at the issue's
+Run it with ``make bench`` or ``.venv/bin/python benchmarks/run_all.py`` (about 25 minutes at the issue's
 sizes on two cores; ``--quick`` for a smoke run of a few minutes at small sizes, whose figures mean nothing).
 
 Each benchmark runs in a subprocess of its own (its own moto server, nothing shared between them) with
