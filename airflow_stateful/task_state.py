@@ -216,6 +216,8 @@ class TaskState:
     ) -> None:
         self._session = session
         self._restore_cache = restore_cache
+        if restore_cache is not None:
+            session.checkpoints.chunk_cache = restore_cache  # uploads fill it from memory
         self._value = session.value
         # What the task sees of the store, changed only in the task's own calls (never by the background save).
         self._latest: Manifest | None = session.latest

@@ -678,3 +678,29 @@ def test_airflow_retry_on_the_same_worker_restores_from_the_cache(
     else:
         assert len(gets) >= 3, "without the cache try 2 downloads every chunk"
         assert not cache_dir.exists()
+
+
+def test_a_commit_keeps_the_chunks_it_uploads_from_memory_and_skips_what_the_cache_cannot_hold(
+    tmp_path: Path,
+) -> None:
+    """The writer's uploads fill the cache as they go (no second read of the files); a checkpoint larger than
+    the cache's cap fills nothing (each chunk would be evicted before a restore reached it)."""
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "a.bin").write_bytes(os.urandom(300_000))
+    (files / "b.bin").write_bytes(os.urandom(200_000))
+    store = LocalObjectStore(root=tmp_path / "state", fsync=False)
+
+    cs = CheckpointStore(store=store, identity=Identity.parse("fill/from-upload"))
+    cs.chunk_cache = cache = LocalChunkCache(directory=tmp_path / "cache")
+    manifest = cs.commit(cs.acquire(), {"step": 1}, files=files)
+    tree = cs.tree(manifest)
+    assert tree is not None
+    chunks = [c for f in tree.files for c in f.chunks]
+    assert cache.stats.stored == len(chunks) == 2
+    assert all(cache.get(c) is not None for c in chunks)
+
+    small = CheckpointStore(store=store, identity=Identity.parse("fill/too-big"))
+    small.chunk_cache = tiny = LocalChunkCache(directory=tmp_path / "tiny", max_bytes=400_000)
+    small.commit(small.acquire(), {"step": 1}, files=files)
+    assert tiny.stats.stored == 0

@@ -72,7 +72,7 @@ from airflow_stateful.core.restore import ChunkCache, restore_files
 from airflow_stateful.core.retention import KeepLast, RetentionPolicy, references, unreferenced
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.transfer import upload_files
-from airflow_stateful.core.trees import Tree, TreeRef, tree_key
+from airflow_stateful.core.trees import ChunkRef, Tree, TreeRef, tree_key
 from airflow_stateful.version import __version__
 
 log = logging.getLogger("airflow_stateful")
@@ -132,6 +132,9 @@ class CheckpointStore:
         self._trees: dict[str, Tree] = {}
         #: The files this writer saved last, so a re-save reads only the files that changed (:mod:`.file_index`).
         self.file_index = FileIndex()
+        #: The worker's restore cache, if the task has one: every chunk this writer uploads is kept there too,
+        #: from memory, so a retry on this machine need not download it (set by ``TaskState``).
+        self.chunk_cache: ChunkCache | None = None
         #: Checkpoints with objects of their own that retention dropped since the last :meth:`sweep`.
         self.cleanup_due = 0
 
@@ -377,6 +380,25 @@ class CheckpointStore:
             return None
         return manifest
 
+    def _remember(self, total: int) -> Callable[[ChunkRef, bytes], None] | None:
+        """What keeps uploaded chunks in the worker's restore cache, if there is one and ``total`` bytes fit
+        in it (a larger checkpoint would only churn the cache: each chunk evicted before a restore needs it).
+        The cache must never fail a commit, so its errors are logged and dropped."""
+        cache = self.chunk_cache
+        cap = getattr(cache, "max_bytes", None)
+        if cache is None or (isinstance(cap, int) and total > cap):
+            return None
+
+        def remember(chunk: ChunkRef, data: bytes) -> None:
+            try:
+                cache.put(chunk, data)
+            except Exception as exc:
+                log.warning(
+                    "%s: restore cache not filled with chunk %s: %s", self.identity, chunk.sha256, exc
+                )
+
+        return remember
+
     def _upload_tree(
         self,
         local_files: list[LocalFile],
@@ -403,6 +425,7 @@ class CheckpointStore:
             check=check,
             progress=progress,
             index=self.file_index,
+            remember=self._remember(total),
         )
         if progress:
             progress.finish()

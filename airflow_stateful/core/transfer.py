@@ -80,6 +80,7 @@ def upload_files(
     check: Callable[[], None] | None = None,
     progress: ProgressCallback | None = None,
     index: FileIndex | None = None,
+    remember: Callable[[ChunkRef, bytes], None] | None = None,
 ) -> UploadResult:
     """Cut, hash and upload the chunks of ``files`` that ``known`` (sha256 -> chunk the identity keeps) lacks.
 
@@ -88,6 +89,7 @@ def upload_files(
     ``check`` runs before each upload (a writer that lost its lease stops here, before sending more).
     ``index``: the writer's :class:`~airflow_stateful.core.file_index.FileIndex`; a file whose status it
     knows, all of whose chunks are in ``known``, is not read at all. Updated when the upload succeeds.
+    ``remember`` sees each chunk uploaded, with its bytes (the worker's restore cache): it must not raise.
     """
     budget = _Budget(MAX_IN_FLIGHT)
     placed: dict[str, ChunkRef] = dict(known)
@@ -118,10 +120,13 @@ def upload_files(
             except PreconditionFailedError:
                 key = chunk_key(identity, sha, unique=commit_id)
                 store.put(key, data, if_none_match=True)
+            ref = ChunkRef(key=key, sha256=sha, size=size)
             with lock:
-                placed[sha] = ChunkRef(key=key, sha256=sha, size=size)
+                placed[sha] = ref
                 sent[0] += 1
                 sent[1] += size
+            if remember is not None:
+                remember(ref, data)
             if progress:
                 progress(size)
             return sha
