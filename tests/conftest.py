@@ -34,6 +34,9 @@ shutil.copytree(REPO / "dags", _DAGS_FOLDER, ignore=shutil.ignore_patterns("__py
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_DAGS_FOLDER)
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/airflow.db"
 os.environ["AIRFLOW__STATEFUL__BACKEND_URL"] = (_AIRFLOW_HOME / "stateful").as_uri()
+# Tasks keep restore-cache chunks in the session's home, not in the machine's real default cache
+# (<temp dir>/airflow-stateful-cache-<uid>), which would keep growing up to its 2 GiB cap across runs.
+os.environ["AIRFLOW__STATEFUL__RESTORE_CACHE_DIR"] = str(_AIRFLOW_HOME / "restore-cache")
 os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
 
 from s3_endpoint import S3Endpoint, s3_endpoint_from_env  # noqa: E402
