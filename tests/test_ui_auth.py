@@ -17,6 +17,7 @@ children at teardown; the test then checks none is left.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -480,6 +481,9 @@ def test_the_ui_shows_the_view_to_a_logged_in_viewer_in_chromium(server: Server)
         assert "etl" in frame["text"] and "train" in frame["text"]
         assert "ingest" not in frame["text"] and "custom-job" not in frame["text"]
         assert frame["h1"] == "22px", "the stylesheet did not apply: the CSP hash does not match it"
+        shot = os.environ.get("STATEFUL_UI_SCREENSHOT")  # a PNG of the page, for a person to look at
+        if shot:
+            Path(shot).write_bytes(base64.b64decode(page("Page.captureScreenshot", format="png")["data"]))
         # Airflow 3.3 frames external views in a sandbox without allow-top-navigation: a link that targets
         # the top window is refused there, so the view's links open in the frame, and the UI mirrors the
         # frame's path into its own URL.
