@@ -4,6 +4,7 @@ writing outside the restore destination, and a clear error naming the path for e
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -168,6 +169,75 @@ def test_a_crafted_manifest_path_is_refused_and_nothing_is_written(
     latest = cs.latest()
     assert latest is not None
     dest = tmp_path / "deep" / "dest"
-    with pytest.raises(CheckpointCorruptError, match="would restore outside the target directory"):
+    with pytest.raises(
+        CheckpointCorruptError, match=r"lists the file path .*: it (would restore outside|has a backsl)"
+    ):
         cs.restore_files(latest, dest)
     assert list(dest.iterdir()) == [] and sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["dest"]
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("back\\slash.txt", "it has a backslash"),
+        (os.fsdecode(b"caf\xe9.txt"), "it is not valid UTF-8"),
+    ],
+)
+def test_a_name_restore_would_refuse_is_refused_at_save(
+    store: ObjectStore, tmp_path: Path, name: str, why: str
+) -> None:
+    """Save and restore share one rule: a checkpoint that was written can always be restored."""
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    lease = cs.acquire()
+    cs.commit(lease, {"v": 0})
+    work = tree(tmp_path / "work", {"ok.txt": b"fine"})
+    (work / name).write_bytes(b"data")
+    before = keys(store)
+    with pytest.raises(InvalidValueError, match=f"cannot be checkpointed: {why}"):
+        cs.commit(lease, {"v": 1}, files=work)
+    assert keys(store) == before, "nothing was written"
+    assert cs.latest().value == {"v": 0}  # type: ignore[union-attr]
+
+
+def test_a_directory_that_cannot_be_listed_is_an_error_not_a_silent_gap(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """A directory deeper than the system's path limit (4,096 bytes) cannot be listed by its path; the old
+    walk skipped it without a word and the checkpoint silently lacked its files."""
+    work = tree(tmp_path / "work", {"top.txt": b"x"})
+    fd = os.open(work, os.O_RDONLY)
+    try:
+        for _ in range(20):  # 20 x 240 characters, made relative to an open directory (no path is that long)
+            os.mkdir("d" * 240, dir_fd=fd)
+            inner = os.open("d" * 240, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.close(os.open("deep.txt", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    finally:
+        os.close(fd)
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    lease = cs.acquire()
+    before = keys(store)
+    with pytest.raises(InvalidValueError, match=r"work/d{240}/.* cannot be read \(File name too long\)"):
+        cs.commit(lease, {"v": 1}, files=work)
+    assert keys(store) == before
+    # The deep tree is removed the same way it was made (shutil.rmtree copes with long paths via fds).
+
+
+def test_a_manifest_with_a_path_both_file_and_directory_restores_nothing(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """``a`` and ``a/b`` cannot both be restored: refused as corrupt before the destination is touched."""
+    from airflow_stateful.core.errors import CheckpointCorruptError
+
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    cs.commit(
+        cs.acquire(), {"v": 1, "ledger": BALLAST}, files=tree(tmp_path / "work", {"a": b"1", "b": b"2"})
+    )
+    rewrite_latest_tree(store, IDENTITY, lambda t: t["files"][1].update(path="a/b"))
+    dest = tree(tmp_path / "dest", {"a": b"old", "other": b"kept"})
+    latest = cs.latest()
+    assert latest is not None
+    with pytest.raises(CheckpointCorruptError, match="lists 'a' as a file and 'a/b' below it"):
+        cs.restore_files(latest, dest)
+    assert read_tree(dest) == {"a": b"old", "other": b"kept"} and sorted(os.listdir(dest)) == ["a", "other"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from airflow_stateful.core.errors import CheckpointCorruptError, InvalidValueError
+from airflow_stateful.core.records import MAX_PATH
 
 
 @dataclass(frozen=True)
@@ -47,44 +48,59 @@ def collect_files(
     if not given.exists():
         raise InvalidValueError(f"files={str(given)!r} does not exist.")
     if given.is_file():
+        _check_restorable(given.name, shown=str(given))
         return [LocalFile(path=given, rel=given.name, size=given.stat().st_size)]
     if not given.is_dir():
         raise InvalidValueError(f"files={str(given)!r} is neither a regular file nor a directory.")
     root = given.resolve()
     found: list[LocalFile] = []
     visited = {root}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_symlinks):
-        here = Path(dirpath)
-        for name in sorted(dirnames):
-            path = here / name
-            if path.is_symlink():
-                target = _link_target(path, root=root, given=given, follow=follow_symlinks)
-                if target in visited:
+
+    def unreadable(error: OSError) -> None:
+        raise error  # os.walk skips a directory it cannot list unless told: never save part of a tree silently
+
+    try:
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_symlinks, onerror=unreadable):
+            here = Path(dirpath)
+            for name in sorted(dirnames):
+                path = here / name
+                if path.is_symlink():
+                    target = _link_target(path, root=root, given=given, follow=follow_symlinks)
+                    if target in visited:
+                        raise InvalidValueError(
+                            f"{_shown(path, root, given)!r} links back to a directory already saved (a loop); "
+                            "remove the link."
+                        )
+                    visited.add(target)
+            for name in filenames:
+                path = here / name
+                source = path
+                if path.is_symlink():
+                    source = _link_target(path, root=root, given=given, follow=follow_symlinks)
+                try:
+                    st = source.stat()
+                except FileNotFoundError:
                     raise InvalidValueError(
-                        f"{_shown(path, root, given)!r} links back to a directory already saved (a loop); "
-                        "remove the link."
+                        f"{_shown(path, root, given)!r} disappeared while the checkpoint was prepared; nothing "
+                        "was written."
+                    ) from None
+                if not stat.S_ISREG(st.st_mode):
+                    raise InvalidValueError(
+                        f"{_shown(path, root, given)!r} is not a regular file (pipe, socket or device); move it "
+                        f"out of {str(given)!r}."
                     )
-                visited.add(target)
-        for name in filenames:
-            path = here / name
-            source = path
-            if path.is_symlink():
-                source = _link_target(path, root=root, given=given, follow=follow_symlinks)
-            try:
-                st = source.stat()
-            except FileNotFoundError:
-                raise InvalidValueError(
-                    f"{_shown(path, root, given)!r} disappeared while the checkpoint was prepared; nothing "
-                    "was written."
-                ) from None
-            if not stat.S_ISREG(st.st_mode):
-                raise InvalidValueError(
-                    f"{_shown(path, root, given)!r} is not a regular file (pipe, socket or device); move it "
-                    f"out of {str(given)!r}."
-                )
-            rel = path.relative_to(root).as_posix()
-            if rel not in exclude:
-                found.append(LocalFile(path=source, rel=rel, size=st.st_size))
+                rel = path.relative_to(root).as_posix()
+                _check_restorable(rel, shown=_shown(path, root, given))
+                if rel not in exclude:
+                    found.append(LocalFile(path=source, rel=rel, size=st.st_size))
+    except OSError as error:
+        # Any other failure to read the tree (a directory that cannot be listed, a path too long for the
+        # system, an I/O error) names the place and writes nothing.
+        where = Path(error.filename) if isinstance(error.filename, str) else root
+        shown = _shown(where, root, given) if root in where.parents else str(where)
+        raise InvalidValueError(
+            f"{shown!r} cannot be read ({error.strerror or error}); nothing was written."
+        ) from error
     found.sort(key=lambda f: f.rel)
     return found
 
@@ -150,16 +166,54 @@ def check_restore_targets(dest: Path, rels: Collection[PurePosixPath]) -> None:
             )
 
 
-def safe_relative(rel: str, *, manifest_key: str) -> PurePosixPath:
-    """Refuse manifest paths that would restore outside the destination directory."""
-    path = PurePosixPath(rel)
-    if (
-        not rel
-        or path.is_absolute()
-        or any(part in ("", ".", "..") for part in rel.split("/"))
-        or "\\" in rel
-    ):
-        raise CheckpointCorruptError(
-            f"manifest {manifest_key!r} lists the file path {rel!r}, which would restore outside the target directory."
+def path_problem(rel: str) -> str | None:
+    """Why a checkpoint may not record the relative path ``rel``, or ``None``.
+
+    The one rule for both sides: save refuses (by name, before anything is written) exactly the paths that
+    restore refuses, so a checkpoint that was written can always be restored.
+    """
+    if not rel or rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
+        return "it would restore outside the target directory"
+    if "\\" in rel:
+        return "it has a backslash, which restore refuses (on Windows it is a path separator)"
+    if "\x00" in rel:
+        return "it has a NUL character"
+    if len(rel) > MAX_PATH:
+        return f"it is longer than {MAX_PATH} characters"
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it is not valid UTF-8 (the file system holds bytes no text encoding can record)"
+    return None
+
+
+def _check_restorable(rel: str, *, shown: str) -> None:
+    problem = path_problem(rel)
+    if problem is not None:
+        raise InvalidValueError(
+            f"{shown!r} cannot be checkpointed: {problem}. Rename it or move it out of the saved directory "
+            "(nothing was written)."
         )
-    return path
+
+
+def safe_relative(rel: str, *, manifest_key: str) -> PurePosixPath:
+    """Refuse manifest paths that would restore outside the destination directory (or that save refuses)."""
+    problem = path_problem(rel)
+    if problem is not None:
+        raise CheckpointCorruptError(f"manifest {manifest_key!r} lists the file path {rel!r}: {problem}.")
+    return PurePosixPath(rel)
+
+
+def check_distinct_paths(rels: Collection[PurePosixPath], *, manifest_key: str) -> None:
+    """Refuse a file list naming one path twice, or a path that is both a file and a directory (``a`` and
+    ``a/b``): no directory can hold both, and a restore would fail half-way. Save never writes such a list."""
+    files = {str(rel) for rel in rels}
+    if len(files) != len(rels):
+        raise CheckpointCorruptError(f"manifest {manifest_key!r} lists a file path twice.")
+    for rel in rels:
+        for parent in rel.parents:
+            if str(parent) in files:
+                raise CheckpointCorruptError(
+                    f"manifest {manifest_key!r} lists {str(parent)!r} as a file and {str(rel)!r} below it; "
+                    "nothing was restored."
+                )

@@ -8,17 +8,20 @@ and verified are they moved into place; on any error the destination is left exa
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import shutil
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 from airflow_stateful.core import events
 from airflow_stateful.core.errors import CheckpointCorruptError, ObjectNotFoundError
-from airflow_stateful.core.files import check_restore_targets, safe_relative
+from airflow_stateful.core.files import check_distinct_paths, check_restore_targets, safe_relative
 from airflow_stateful.core.progress import TransferProgress
 from airflow_stateful.core.records import Manifest, manifest_key
 from airflow_stateful.core.transfer import download_files
@@ -49,11 +52,13 @@ def restore_files(
     started = time.monotonic()
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    recover_interrupted(dest)
     identity = checkpoints.identity
     where = manifest_key(identity.key, manifest.seq, manifest.commit_id)
     tree = checkpoints.tree(manifest)
     paths = [f.path for f in tree.files] if tree is not None else [f.path for f in manifest.files]
     rels = [safe_relative(path, manifest_key=where) for path in paths]
+    check_distinct_paths(rels, manifest_key=where)
     check_restore_targets(dest, rels)
     total = manifest.total_size
     progress = None
@@ -61,13 +66,14 @@ def restore_files(
         progress = TransferProgress(
             label=f"restoring {len(rels)} file(s) of {identity}", total_bytes=total, logger=log
         )
-    staging = dest / f".stateful-restore-{uuid.uuid4().hex[:12]}"
+    staging = dest / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
+    incoming = staging / "new"
     try:
         if tree is not None:
             get: Callable[[ChunkRef], bytes | None] | None = cache.get if cache is not None else None
             download_files(
                 checkpoints.store,
-                files=[(f, staging / rel) for f, rel in zip(tree.files, rels, strict=True)],
+                files=[(f, incoming / rel) for f, rel in zip(tree.files, rels, strict=True)],
                 workers=checkpoints.parallelism,
                 cached=get,
                 remember=cache.put if cache is not None else None,
@@ -77,22 +83,14 @@ def restore_files(
             for rel, entry in zip(rels, manifest.files, strict=True):
                 try:
                     checkpoints.store.download_file(
-                        entry.key, staging / rel, size=entry.size, sha256=entry.sha256, progress=progress
+                        entry.key, incoming / rel, size=entry.size, sha256=entry.sha256, progress=progress
                     )
                 except ObjectNotFoundError as exc:
                     raise CheckpointCorruptError(
                         f"file {entry.path!r} of checkpoint {manifest.seq} of {identity} is missing: {exc}. "
                         "Nothing was restored."
                     ) from exc
-        restored = []
-        parents: set[Path] = set()
-        for rel in rels:
-            target = dest / rel
-            if target.parent not in parents:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                parents.add(target.parent)
-            (staging / rel).replace(target)
-            restored.append(target)
+        restored = _swap_in(dest, staging, rels)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if progress:
@@ -106,3 +104,106 @@ def restore_files(
         duration=time.monotonic() - started,
     )
     return restored
+
+
+STAGING_PREFIX = ".stateful-restore-"
+"""Name prefix of the staging directory a restore builds inside its destination."""
+_JOURNAL = "journal.json"
+
+
+def _swap_in(dest: Path, staging: Path, rels: list[PurePosixPath]) -> list[Path]:
+    """Move the verified files from ``staging/new`` into ``dest``, all or nothing.
+
+    A journal (the paths, and the directories this restore creates) is written first; each file already in
+    ``dest`` is moved aside into ``staging/old`` before the new one takes its place. On any error the moves
+    are undone here; after a crash (SIGKILL, a lost node) the next restore into ``dest`` (or
+    :func:`recover_interrupted`) undoes them. Either way ``dest`` ends as it was or complete, never a mix.
+    """
+    created: list[str] = []
+    seen: set[Path] = set()
+    for rel in rels:
+        for parent in reversed((dest / rel).parents):
+            if parent in seen or parent == dest or dest not in parent.parents:
+                continue
+            seen.add(parent)
+            if not parent.exists():
+                created.append(str(parent.relative_to(dest)))
+    journal = {"pid": os.getpid(), "files": [str(rel) for rel in rels], "created": created}
+    with open(staging / _JOURNAL, "w", encoding="utf-8") as out:
+        json.dump(journal, out)
+        out.flush()
+        os.fsync(out.fileno())
+    restored = []
+    try:
+        for name in created:
+            (dest / name).mkdir(exist_ok=True)
+        for rel in rels:
+            target = dest / rel
+            if target.exists() or target.is_symlink():
+                aside = staging / "old" / rel
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                target.replace(aside)
+            (staging / "new" / rel).replace(target)
+            restored.append(target)
+    except BaseException:
+        _roll_back(dest, staging, journal)
+        raise
+    return restored
+
+
+def _roll_back(dest: Path, staging: Path, journal: dict[str, Any]) -> None:
+    """Undo the moves of an interrupted :func:`_swap_in` (any prefix of them), newest first."""
+    for name in reversed(journal["files"]):
+        rel = safe_relative(name, manifest_key="restore journal")
+        target, aside, incoming = dest / rel, staging / "old" / rel, staging / "new" / rel
+        if aside.exists() or aside.is_symlink():
+            aside.replace(target)  # what was there before comes back
+        elif not incoming.exists() and (target.exists() or target.is_symlink()):
+            target.unlink()  # moved in by the restore, where nothing was before
+    for name in reversed(journal["created"]):
+        with contextlib.suppress(OSError):
+            (dest / safe_relative(name, manifest_key="restore journal")).rmdir()  # only if empty
+
+
+def recover_interrupted(dest: str | Path) -> bool:
+    """Undo a restore into ``dest`` that was killed while it moved files into place; True if one was found.
+
+    A restore killed while downloading left only its staging directory (removed here: ``dest`` never
+    changed). One killed while moving files left a journal: every file it had moved in is taken out again
+    and every file it had moved aside is put back, so ``dest`` is exactly as before that restore. A staging
+    directory whose process is still alive on this machine is left alone. Every restore calls this first.
+    """
+    dest = Path(dest)
+    found = False
+    if not dest.is_dir():
+        return False
+    for staging in dest.glob(f"{STAGING_PREFIX}*"):
+        if not staging.is_dir() or staging.is_symlink():
+            continue
+        journal: dict[str, Any] | None = None
+        with contextlib.suppress(OSError, ValueError):
+            journal = json.loads((staging / _JOURNAL).read_text(encoding="utf-8"))
+        pid = journal.get("pid") if isinstance(journal, dict) else None
+        if isinstance(pid, int) and pid != os.getpid() and _alive(pid):
+            log.warning("%s: another process (pid %d) is restoring here; leaving it alone", staging, pid)
+            continue
+        if (
+            isinstance(journal, dict)
+            and isinstance(journal.get("files"), list)
+            and isinstance(journal.get("created"), list)
+        ):
+            log.warning("%s: undoing a restore that was interrupted while moving files into place", dest)
+            _roll_back(dest, staging, journal)
+        shutil.rmtree(staging, ignore_errors=True)
+        found = True
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
