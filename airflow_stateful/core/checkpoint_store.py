@@ -35,12 +35,14 @@ from airflow_stateful.core.codecs import JSON, encode_value, encoded_form
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
+    CommitOutcomeUnknownError,
     ConcurrentCommitError,
     FencedError,
     InvalidValueError,
     ObjectNotFoundError,
     PreconditionFailedError,
     StatefulError,
+    StoreError,
 )
 from airflow_stateful.core.file_index import FileIndex
 from airflow_stateful.core.files import LocalFile, collect_files
@@ -267,6 +269,10 @@ class CheckpointStore:
             except FencedError:
                 events.emit(events.FENCED, identity=self.identity.key, epoch=lease.epoch, action="commit")
                 raise
+        if local_files and previous is not None and all(e.commit_id != previous.commit_id for e in head.checkpoints):
+            # Retention (or a commit whose answer was lost) dropped it: its chunks may be collected any time,
+            # so they must not be assumed present. Deduplicate against what the head keeps instead.
+            previous = None
         if local_files and previous is None and keep_files_from is None:
             previous = self._dedup_base(head)
         started = time.monotonic()
@@ -343,6 +349,17 @@ class CheckpointStore:
         except FencedError:
             events.emit(events.FENCED, identity=self.identity.key, epoch=lease.epoch, action="commit")
             raise
+        except StoreError as exc:
+            # The write may have landed with its answer lost (a reset or timeout after the request was
+            # sent, retries exhausted). The head says which: report the commit as done exactly when it is.
+            if not self._landed(manifest, exc):
+                raise
+            log.warning(
+                "the answer to the commit of checkpoint %d of %s was lost (%s); the head shows it landed",
+                seq,
+                self.identity,
+                exc,
+            )
         self.cleanup_due += len(freed)
         events.emit(
             events.COMMIT,
@@ -361,6 +378,19 @@ class CheckpointStore:
             schema_version,
         )
         return manifest
+
+    def _landed(self, manifest: Manifest, error: StoreError) -> bool:
+        """Whether ``manifest``'s commit is in the head after its head write failed with ``error``."""
+        try:
+            current = self.heads.load()[0]
+        except StatefulError as again:
+            raise CommitOutcomeUnknownError(
+                f"could not tell whether checkpoint {manifest.seq} of {self.identity} was committed: writing "
+                f"the head failed ({error}) and reading it back failed too ({again}). The previous checkpoint "
+                "is intact either way; the next save reads the head again and goes on from the newest.",
+                manifest=manifest,
+            ) from error
+        return current is not None and any(e.commit_id == manifest.commit_id for e in current.checkpoints)
 
     def _dedup_base(self, head: HeadRecord) -> Manifest | None:
         """The newest checkpoint, whose chunks a commit that was not told its ``previous`` need not upload.

@@ -36,6 +36,18 @@ class StoreError(StatefulError):
     """The object store failed in a way the protocol cannot recover from (access denied, no bucket, ...)."""
 
 
+class CommitOutcomeUnknownError(StoreError):
+    """A commit's head write got no answer and the head could not be read back to tell whether it landed.
+
+    :attr:`manifest` is the checkpoint that may have landed. Either way the previous checkpoint is intact; the
+    writer's next commit reads the head and goes on from whichever is the newest.
+    """
+
+    def __init__(self, message: str, *, manifest: object = None) -> None:
+        super().__init__(message)
+        self.manifest = manifest
+
+
 class FencedError(StatefulError):
     """A writer's epoch is stale: a newer writer took the identity's lease, so this one may not commit."""
 

@@ -35,7 +35,12 @@ from typing import Any
 from airflow_stateful.core import config, events
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.codecs import JSON, check_codec, decode_value
-from airflow_stateful.core.errors import FencedError, IncompatibleStateError, InvalidValueError
+from airflow_stateful.core.errors import (
+    CommitOutcomeUnknownError,
+    FencedError,
+    IncompatibleStateError,
+    InvalidValueError,
+)
 from airflow_stateful.core.lease import Lease, check_holder
 from airflow_stateful.core.migrations import migrate, migration_path, validate_schema
 from airflow_stateful.core.records import Manifest, WriterInfo
@@ -134,6 +139,7 @@ class WriterSession:
         self.restarted_from: Manifest | None = None
         self._latest: Manifest | None = None
         self._value: Any = None
+        self._in_doubt: tuple[Manifest, Any] | None = None  # a commit whose outcome was unknown
 
     def __repr__(self) -> str:
         return f"WriterSession(identity={self.identity.key!r}, lease={self._lease and self._lease.epoch})"
@@ -294,6 +300,7 @@ class WriterSession:
         sent = time.monotonic()
         try:
             with self._write_lock:
+                self._settle_in_doubt()
                 manifest = self._commit(
                     value,
                     files=files,
@@ -306,11 +313,27 @@ class WriterSession:
             if self._lost is None:
                 self._mark_lost(str(exc))
             raise
+        except CommitOutcomeUnknownError as exc:
+            if isinstance(exc.manifest, Manifest):
+                self._in_doubt = (exc.manifest, value)
+            raise
         self._latest, self._value = manifest, value
         self._confirmed(sent)
         if self.checkpoints.cleanup_due >= CLEANUP_AFTER:
             self._start_cleanup()
         return manifest
+
+    def _settle_in_doubt(self) -> None:
+        """After a commit whose outcome was unknown, read the head: if it landed, it is this session's newest
+        checkpoint (and value) from now on, exactly as if its answer had arrived."""
+        if self._in_doubt is None:
+            return
+        manifest, value = self._in_doubt
+        head = self.checkpoints.head()
+        if head is not None and any(e.commit_id == manifest.commit_id for e in head.checkpoints):
+            log.warning("%s: checkpoint %d did land; going on from it", self.identity, manifest.seq)
+            self._latest, self._value = manifest, value
+        self._in_doubt = None
 
     def _commit(
         self,
