@@ -434,7 +434,12 @@ class WriterSession:
             if self._lost is not None:
                 return
             self._lost = reason
-        log.error("LEASE LOST on %s: %s. The next save of this writer will fail.", self.identity, reason)
+        log.error(
+            "LEASE LOST on %s: %s%s The next save of this writer will fail.",
+            self.identity,
+            reason,
+            "" if reason.endswith(".") else ".",
+        )
         events.emit(events.FENCED, identity=self.identity.key, epoch=self._lease_epoch(), action="renew")
 
     def _lease_epoch(self) -> int:
