@@ -415,3 +415,27 @@ def test_an_orphan_that_got_a_head_after_the_plan_is_skipped(tmp_path: Path) -> 
     before = all_keys(store)
     result = apply_gc(plan)
     assert identity.key in result.skipped and result.deleted == [] and all_keys(store) == before
+
+
+def test_an_unreadable_tree_of_a_released_identity_leaves_its_chunks_and_says_why(tmp_path: Path) -> None:
+    """Found by the S3 fault tests: a tree GET failing (here: the tree gone) while the lease is released made
+    the plan crash with a bare AssertionError, stopping GC for the whole store. Now the identity's chunks are
+    left alone and the plan says why."""
+    from airflow_stateful.core import WriterInfo, WriterSession
+    from airflow_stateful.core.stores.local import LocalObjectStore
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a")
+    with LocalObjectStore(root=tmp_path / "store") as store:
+        cs = CheckpointStore(store=store, identity=Identity.parse("d/t/run=r/map=-1"))
+        with WriterSession(checkpoints=cs, writer=WriterInfo(try_number=1), heartbeat=False) as session:
+            manifest = session.commit({"n": 1}, files=work)
+        assert manifest.tree is not None
+        store.delete(manifest.tree.key)
+        chunks = {info.key for info in store.list_objects("d/t/") if "/~chunks/" in info.key}
+        plan = plan_gc(store, min_age=timedelta(0))
+        [item] = plan.identities
+        assert item.skipped and "its chunks are left alone" in item.skipped
+        assert "live lease" not in item.skipped
+        assert chunks and not chunks & set(item.keys)

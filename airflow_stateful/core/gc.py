@@ -249,7 +249,8 @@ def _plan_identity(
     if found:
         item.reasons[GARBAGE] = found
     if notes:
-        item.skipped = f"live lease held by {_describe_lease(head)}: {'; '.join(notes)}"
+        who = f"live lease held by {_describe_lease(head)}" if held else "partly skipped"
+        item.skipped = f"{who}: {'; '.join(notes)}"
     return item
 
 
