@@ -124,3 +124,15 @@ def test_a_killed_download_leaves_the_destination_untouched(
     leftover = tree(dest / f"{STAGING_PREFIX}0123456789ab" / "new", {"a.bin": b"half a chu"})
     assert recover_interrupted(dest) is True
     assert not leftover.exists() and listing(dest) == before
+
+
+def test_restoring_a_checkpoint_without_files_changes_nothing(tmp_path: Path) -> None:
+    """Found by the S3 fault tests: the journal was written into a staging directory never created."""
+    with LocalObjectStore(root=tmp_path / "state") as store:
+        cs = CheckpointStore(store=store, identity=IDENTITY)
+        cs.commit(cs.acquire(), {"n": 1})
+        latest = cs.latest()
+        assert latest is not None
+        dest = tree(tmp_path / "dest", BEFORE)
+        assert cs.restore_files(latest, dest) == []
+        assert listing(dest) == {**BEFORE, "sub": None}

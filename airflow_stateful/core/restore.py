@@ -129,6 +129,7 @@ def _swap_in(dest: Path, staging: Path, rels: list[PurePosixPath]) -> list[Path]
             if not parent.exists():
                 created.append(str(parent.relative_to(dest)))
     journal = {"pid": os.getpid(), "files": [str(rel) for rel in rels], "created": created}
+    staging.mkdir(exist_ok=True)  # a checkpoint without files downloaded nothing into it
     with open(staging / _JOURNAL, "w", encoding="utf-8") as out:
         json.dump(journal, out)
         out.flush()
