@@ -269,7 +269,11 @@ class CheckpointStore:
             except FencedError:
                 events.emit(events.FENCED, identity=self.identity.key, epoch=lease.epoch, action="commit")
                 raise
-        if local_files and previous is not None and all(e.commit_id != previous.commit_id for e in head.checkpoints):
+        if (
+            local_files
+            and previous is not None
+            and all(e.commit_id != previous.commit_id for e in head.checkpoints)
+        ):
             # Retention (or a commit whose answer was lost) dropped it: its chunks may be collected any time,
             # so they must not be assumed present. Deduplicate against what the head keeps instead.
             previous = None
@@ -352,7 +356,7 @@ class CheckpointStore:
         except StoreError as exc:
             # The write may have landed with its answer lost (a reset or timeout after the request was
             # sent, retries exhausted). The head says which: report the commit as done exactly when it is.
-            if not self._landed(manifest, exc):
+            if not self._landed(manifest, lease, exc):
                 raise
             log.warning(
                 "the answer to the commit of checkpoint %d of %s was lost (%s); the head shows it landed",
@@ -379,10 +383,30 @@ class CheckpointStore:
         )
         return manifest
 
-    def _landed(self, manifest: Manifest, error: StoreError) -> bool:
-        """Whether ``manifest``'s commit is in the head after its head write failed with ``error``."""
+    def _landed(self, manifest: Manifest, lease: Lease, error: StoreError) -> bool:
+        """Whether ``manifest``'s commit is in the head after its head write failed with ``error``.
+
+        "Not in the head" is not yet "failed": an attempt held up in the network (past every read timeout)
+        still carries ``If-Match`` with the ETag the head has now, and could land after this returns. So the
+        head is sealed first: rewritten conditionally (the lease renewed), which changes its ETag, so that a
+        held write can only ever get 412. Only then is the commit reported as failed.
+        """
+
+        def ours(head: HeadRecord | None) -> bool:
+            return head is not None and any(e.commit_id == manifest.commit_id for e in head.checkpoints)
+
+        def seal(current: HeadRecord | None) -> HeadRecord:
+            if ours(current):
+                return current  # type: ignore[return-value]  # it landed meanwhile: nothing to write
+            return renewed(
+                check_holder(current, lease, action="commit to"), now=self.clock(), ttl=self.lease_ttl
+            )
+
         try:
-            current = self.heads.load()[0]
+            # FencedError passes: another writer took the head (so the held write can no longer land either).
+            return ours(self.heads.update(seal))
+        except FencedError:
+            raise
         except StatefulError as again:
             raise CommitOutcomeUnknownError(
                 f"could not tell whether checkpoint {manifest.seq} of {self.identity} was committed: writing "
@@ -390,7 +414,6 @@ class CheckpointStore:
                 "is intact either way; the next save reads the head again and goes on from the newest.",
                 manifest=manifest,
             ) from error
-        return current is not None and any(e.commit_id == manifest.commit_id for e in current.checkpoints)
 
     def _dedup_base(self, head: HeadRecord) -> Manifest | None:
         """The newest checkpoint, whose chunks a commit that was not told its ``previous`` need not upload.
