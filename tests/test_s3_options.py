@@ -33,6 +33,7 @@ import pytest
 from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity, collect_garbage
+from airflow_stateful.core.config import LEASE_TTL
 from airflow_stateful.core.errors import ConfigurationError, StoreError
 from airflow_stateful.core.state_documents import KeyValueStore, collect_expired, object_key, task_prefix
 from airflow_stateful.core.stores.registry import store_from_url
@@ -305,11 +306,24 @@ def test_config_kwargs_reach_the_client_merged_with_the_stores_needs(moto: S3End
     assert len(recorder.sent) == 3, "total_max_attempts=3: three real attempts"
 
 
-def test_default_config_is_unchanged(moto: S3Endpoint) -> None:
+def test_default_config(moto: S3Endpoint) -> None:
     config = S3ObjectStore(bucket=moto.bucket, **moto.options()).client.meta.config
     assert config.retries == {"mode": "standard", "total_max_attempts": 6}  # max_attempts 5, as before
     assert config.s3 == {"addressing_style": "path"}
     assert config.max_pool_connections == 16  # 8 chunks in flight and the heads read beside them
+    # Tuned down from botocore's 60 s each (issue 14): a hung endpoint fails a request after at most
+    # 6 x (5 + 20) s plus under 2 s of backoff, a quarter of the default lease ttl, so the lease heartbeat and
+    # a commit hear of it long before the lease could expire unnoticed.
+    assert (config.connect_timeout, config.read_timeout) == (5, 20)
+    worst = config.retries["total_max_attempts"] * (config.connect_timeout + config.read_timeout) + 2
+    assert worst <= LEASE_TTL / 3
+
+
+def test_default_timeouts_yield_to_config_kwargs(moto: S3Endpoint) -> None:
+    config = S3ObjectStore(
+        bucket=moto.bucket, config_kwargs={"read_timeout": 120}, **moto.options()
+    ).client.meta.config
+    assert (config.connect_timeout, config.read_timeout) == (5, 120)
 
 
 class TlsTerminator:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -65,6 +66,40 @@ _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _LOST_CONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _ACCESS = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "403"}
 _KMS = "KMS."
+
+
+READ_ATTEMPTS = 3
+"""Times a read is sent in all when its answer's body breaks off or fails its checksum on the way.
+
+botocore retries a request that failed (a reset, a timeout, a 5xx) but not one whose *body* broke afterwards:
+it hands the body over as a stream, and reading it is the caller's business. A cut connection or a body that
+fails botocore's CRC32 check (S3 returns the checksum each object was written with) says nothing about the
+stored object, so the read is sent again before anyone is told, and then told that it was the transfer."""
+
+
+def _transit_error(exc: BaseException) -> bool:
+    """Whether ``exc`` broke the transfer of an answer's body (the stored object is not judged by it)."""
+    from botocore.exceptions import (
+        ConnectionClosedError,
+        FlexibleChecksumError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+    )
+
+    kinds = (
+        ConnectionClosedError,
+        FlexibleChecksumError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+        _ShortRange,
+    )
+    return isinstance(exc, kinds)
+
+
+class _ShortRange(Exception):
+    """A ranged GET answered fewer (or more) bytes than the range holds: the transfer, not the object."""
 
 
 def _client_error_code(exc: Exception) -> str | None:
@@ -199,8 +234,13 @@ class S3ObjectStore(ObjectStore):
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def _translate(self, exc: Exception, key: str, *, conditional: bool = False) -> Exception:
-        """Map a botocore error to one of ours, with a message that says what to do and holds no secret."""
+    def _translate(
+        self, exc: Exception, key: str, *, conditional: bool = False, reading: bool = False
+    ) -> Exception:
+        """Map a botocore error to one of ours, with a message that says what to do and holds no secret.
+
+        :param reading: ``exc`` broke the body of an answer, after :data:`READ_ATTEMPTS` reads.
+        """
         code = _client_error_code(exc)
         where = f"{self.url} (object {key!r})"
         if code in _LOST_CONDITION:
@@ -234,6 +274,12 @@ class S3ObjectStore(ObjectStore):
                 f"the endpoint behind {self.url} does not support a request the commit protocol needs "
                 "(conditional writes: If-None-Match / If-Match); use an S3-compatible store that does."
             )
+        if reading and code is None and _transit_error(exc):
+            return StoreError(
+                f"reading {where} failed {READ_ATTEMPTS} times in a row: the answer broke off or failed its "
+                f"checksum on the way ({type(exc).__name__}: {exc}). The bytes were not used; the stored object "
+                "was not judged by them. Check the network path to the endpoint (proxies, load balancers)."
+            )
         if code is None:
             name = type(exc).__name__
             return StoreError(f"cannot reach {where}: {name}: {exc}")
@@ -241,25 +287,36 @@ class S3ObjectStore(ObjectStore):
 
     # -- interface -----------------------------------------------------------------------------------------
     def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **self._owner)
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                response = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **self._owner)
+            except Exception as exc:
+                raise self._translate(exc, key) from exc
             body = response["Body"]
-            if max_bytes is None:
-                data = body.read()
-            else:
-                size = int(response.get("ContentLength", 0))
-                if size > max_bytes:
-                    body.close()  # the body is never read
-                    raise too_large(key, self.url, size, max_bytes)
-                data = body.read(max_bytes + 1)
-                if len(data) > max_bytes:
-                    body.close()
-                    raise too_large(key, self.url, len(data), max_bytes)
-        except StatefulError:
-            raise
-        except Exception as exc:
-            raise self._translate(exc, key) from exc
-        return Blob(data=data, etag=response["ETag"])
+            try:
+                if max_bytes is None:
+                    data = body.read()
+                else:
+                    size = int(response.get("ContentLength", 0))
+                    if size > max_bytes:
+                        body.close()  # the body is never read
+                        raise too_large(key, self.url, size, max_bytes)
+                    data = body.read(max_bytes + 1)
+                    if len(data) > max_bytes:
+                        body.close()
+                        raise too_large(key, self.url, len(data), max_bytes)
+                    # Read to the end: only then does botocore check the length and the checksum (a body cut
+                    # short under a rewritten Content-Length is otherwise taken as the whole object).
+                    data += body.read()
+            except StatefulError:
+                raise
+            except Exception as exc:
+                body.close()
+                if attempt < READ_ATTEMPTS and _transit_error(exc):
+                    continue
+                raise self._translate(exc, key, reading=True) from exc
+            return Blob(data=data, etag=response["ETag"])
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def put(
         self,
@@ -316,14 +373,18 @@ class S3ObjectStore(ObjectStore):
     ) -> StoredFile:
         full_key = self._key(key)
         part_size = max(self.part_size, math.ceil(size / MAX_PARTS))
+        sent = time.monotonic()
         try:
             # Declaring CRC32 (as s3transfer does) lets the server verify each part and, on moto, spares a
             # full re-read of the object at completion; see docs/performance.md.
-            upload_id = self.client.create_multipart_upload(
+            created = self.client.create_multipart_upload(
                 Bucket=self.bucket, Key=full_key, ChecksumAlgorithm="CRC32", **self._write_args
-            )["UploadId"]
+            )
         except Exception as exc:
             raise self._translate(exc, key) from exc
+        upload_id = created["UploadId"]
+        if created.get("ResponseMetadata", {}).get("RetryAttempts"):
+            self._abort_lost_creates(full_key, upload_id, window=time.monotonic() - sent + 1.0)
         digest = hashlib.sha256()
         total = 0
         parts: dict[int, dict[str, str]] = {}
@@ -374,6 +435,31 @@ class S3ObjectStore(ObjectStore):
             raise
         return StoredFile(key=key, size=total, sha256=digest.hexdigest())
 
+    def _abort_lost_creates(self, full_key: str, upload_id: str, *, window: float) -> None:
+        """Abort the uploads that earlier attempts of our retried CreateMultipartUpload created.
+
+        CreateMultipartUpload is not idempotent: when an attempt lands but its answer is lost (a reset, a
+        timeout, a cut body), botocore's retry creates a second upload, and the first one's id is known to
+        nobody. Its parts would stay, billed, for ever, and no object listing (so no GC) shows them. They are
+        the uploads of this very key initiated at most ``window`` seconds (how long our call took, plus a
+        second for the store's clock resolution) before ours. Best effort: if this fails, the bucket's
+        lifecycle rule ``AbortIncompleteMultipartUpload`` (docs/reliability.md) is the backstop.
+        """
+        import datetime
+
+        with contextlib.suppress(Exception):
+            listed = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=full_key, **self._owner)
+            uploads = [u for u in listed.get("Uploads", []) if u.get("Key") == full_key]
+            ours = next((u for u in uploads if u.get("UploadId") == upload_id), None)
+            if ours is None:
+                return
+            since = ours["Initiated"] - datetime.timedelta(seconds=window)
+            for upload in uploads:
+                if upload["UploadId"] != upload_id and since <= upload["Initiated"] <= ours["Initiated"]:
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=full_key, UploadId=upload["UploadId"], **self._owner
+                    )
+
     def _complete(self, key: str, full_key: str, upload_id: str, parts: dict[int, dict[str, str]]) -> None:
         try:
             self.client.complete_multipart_upload(
@@ -417,30 +503,54 @@ class S3ObjectStore(ObjectStore):
     ) -> None:
         full_key = self._key(key)
         if size <= self.part_size:
-            try:
-                body = self.client.get_object(Bucket=self.bucket, Key=full_key, **self._owner)["Body"]
-            except Exception as exc:
-                raise self._translate(exc, key) from exc
-            copy_verified(body, dest, key=key, where=self.url, size=size, sha256=sha256, progress=progress)
-            return
+            for attempt in range(1, READ_ATTEMPTS + 1):
+                try:
+                    body = self.client.get_object(Bucket=self.bucket, Key=full_key, **self._owner)["Body"]
+                except Exception as exc:
+                    raise self._translate(exc, key) from exc
+                try:
+                    copy_verified(
+                        body, dest, key=key, where=self.url, size=size, sha256=sha256, progress=progress
+                    )
+                except CheckpointCorruptError:
+                    # Wrong bytes twice are the object's; once may be the way (a body cut short under a
+                    # rewritten length, from an endpoint that sends no checksum): read it again first.
+                    if attempt < READ_ATTEMPTS:
+                        continue
+                    raise
+                except Exception as exc:
+                    if attempt < READ_ATTEMPTS and _transit_error(exc):
+                        continue
+                    raise self._translate(exc, key, reading=True) from exc
+                return
 
         def fetch(start: int, end: int) -> bytes:
-            try:
-                response = self.client.get_object(
-                    Bucket=self.bucket, Key=full_key, Range=f"bytes={start}-{end}", **self._owner
-                )
-            except Exception as exc:
-                if _client_error_code(exc) == "InvalidRange":
-                    return b""  # shorter than recorded: the size check below names it corrupt
-                raise
-            total = str(response.get("ContentRange", "")).rpartition("/")[2]
-            if total.isdigit() and int(total) != size:
-                raise CheckpointCorruptError(
-                    f"object {key!r} in {self.url} is corrupt: expected {size} bytes, the store holds "
-                    f"{total}. The bytes were not used."
-                )
-            data: bytes = response["Body"].read()
-            return data
+            for attempt in range(1, READ_ATTEMPTS + 1):
+                try:
+                    response = self.client.get_object(
+                        Bucket=self.bucket, Key=full_key, Range=f"bytes={start}-{end}", **self._owner
+                    )
+                except Exception as exc:
+                    if _client_error_code(exc) == "InvalidRange":
+                        return b""  # shorter than recorded: the size check below names it corrupt
+                    raise
+                total = str(response.get("ContentRange", "")).rpartition("/")[2]
+                if total.isdigit() and int(total) != size:
+                    raise CheckpointCorruptError(
+                        f"object {key!r} in {self.url} is corrupt: expected {size} bytes, the store holds "
+                        f"{total}. The bytes were not used."
+                    )
+                try:
+                    data: bytes = response["Body"].read()
+                    if len(data) != end - start + 1:
+                        # The object is long enough (Content-Range says so): the answer was cut short.
+                        raise _ShortRange(f"bytes {start}-{end}: {len(data)} bytes arrived")
+                except Exception as exc:
+                    if attempt < READ_ATTEMPTS and _transit_error(exc):
+                        continue
+                    raise self._translate(exc, key, reading=True) from exc
+                return data
+            raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
         ranges = [(start, min(start + self.part_size, size) - 1) for start in range(0, size, self.part_size)]
         pending: deque[Future[bytes]] = deque()
@@ -534,7 +644,9 @@ class S3ObjectStore(ObjectStore):
                 **self._owner,
             )
         except Exception as exc:
-            raise self._translate(exc, full_keys[0]) from exc
+            raise self._translate(
+                exc, full_keys[0][len(self.prefix) + 1 :] if self.prefix else full_keys[0]
+            ) from exc
         errors = [e for e in response.get("Errors", []) if e.get("Code") not in _NOT_FOUND]
         if errors:
             first = errors[0]

@@ -40,7 +40,19 @@ SSE_ALGORITHMS = ("AES256", "aws:kms", "aws:kms:dsse")
 KMS_ALGORITHMS = ("aws:kms", "aws:kms:dsse")
 ADDRESSING_STYLES = ("auto", "path", "virtual")
 DEFAULT_RETRIES = {"mode": "standard", "max_attempts": 5}
-"""botocore's retries unless ``config_kwargs`` says otherwise."""
+"""botocore's retries unless ``config_kwargs`` says otherwise: standard mode (exponential backoff with jitter,
+a retry quota per client), 6 attempts in all (botocore reads ``max_attempts`` as *retries* here). S3 throttles
+with 503 SlowDown under load and answers an occasional 500 or reset; six attempts ride those out, and
+botocore's retry quota stops a client from hammering an endpoint that keeps failing."""
+DEFAULT_TIMEOUTS = {"connect_timeout": 5, "read_timeout": 20}
+"""botocore's timeouts unless ``config_kwargs`` says otherwise (its own defaults are 60 s each).
+
+With them a request to an endpoint that accepts connections and never answers (or never accepts them) gives
+up after at most 6 attempts x (5 s + 20 s) = 150 s plus under 2 s of backoff, a quarter of the default lease
+ttl (600 s): the lease heartbeat gets its answer, and a commit its error, long before the lease could expire
+unnoticed. The read timeout bounds every wait for the next bytes (an answer, or room to send), not a whole
+transfer, so a large part moving slowly but steadily is never cut off; on S3 even a slow answer comes within
+a few seconds. See docs/reliability.md."""
 WORKER_ONLY_CONFIG_KWARGS = frozenset({"proxies", "proxies_config", "client_cert"})
 """``config_kwargs`` that describe the worker, not the bucket: never given to a pod. A proxy URL may hold a
 password, and the certificate paths are files on the worker, not in the pod's image."""
@@ -320,8 +332,10 @@ def botocore_config(
 
     The store's needs win only where they must: the connection pool is at least ``min_pool_connections``
     (parallel part uploads and ranged downloads would otherwise wait for a connection, and urllib3 would
-    discard the extra ones), retries default to standard mode with 5 attempts, and the addressing style
-    defaults to ``path`` with a custom endpoint (MinIO and friends) and ``auto`` on AWS.
+    discard the extra ones), retries default to :data:`DEFAULT_RETRIES`, the connect and read timeouts to
+    :data:`DEFAULT_TIMEOUTS` (so a hung endpoint cannot hold a task for longer than a fraction of its lease),
+    and the addressing style defaults to ``path`` with a custom endpoint (MinIO and friends) and ``auto`` on
+    AWS.
     """
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError
@@ -339,6 +353,8 @@ def botocore_config(
     s3["addressing_style"] = configured_style or addressing_style or ("path" if endpoint_url else "auto")
     merged["s3"] = s3
     merged.setdefault("retries", dict(DEFAULT_RETRIES))
+    for option, seconds in DEFAULT_TIMEOUTS.items():
+        merged.setdefault(option, seconds)
     merged["max_pool_connections"] = max(int(merged.get("max_pool_connections", 10)), min_pool_connections)
     try:
         return Config(**merged)
