@@ -36,6 +36,14 @@ AIRFLOW_SERVICES = {
     "airflow-triggerer": "triggerer",
 }
 ONE_SHOT = {"airflow-init", "minio-init"}  # run to completion; no health check
+# The `celery` profile (Redis, two Celery workers) and the `flower` profile; `docker compose up` alone skips them.
+CELERY_WORKERS = {"airflow-worker-1": "worker-1", "airflow-worker-2": "worker-2"}
+PROFILED = {
+    "redis": ["celery"],
+    "airflow-worker-1": ["celery"],
+    "airflow-worker-2": ["celery"],
+    "flower": ["flower"],
+}
 
 _NAME = "^[a-zA-Z0-9._-]+$"
 _STRING_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
@@ -83,7 +91,13 @@ COMPOSE_SCHEMA: dict[str, Any] = {
                     ]
                 },
                 "image": {"type": "string"},
+                "profiles": {
+                    "type": "array",
+                    "items": {"type": "string", "pattern": _NAME},
+                    "uniqueItems": True,
+                },
                 "command": _STRING_OR_LIST,
+                "stop_grace_period": {"type": "string", "pattern": r"^\d+(ms|s|m|h)$"},
                 "entrypoint": _STRING_OR_LIST,
                 "environment": _LIST_OR_DICT,
                 "user": {"type": "string"},
@@ -202,10 +216,11 @@ def test_the_schema_rejects_what_compose_rejects() -> None:
 
 
 def test_the_stack_has_the_airflow_components_postgres_and_minio(services: dict[str, Any]) -> None:
-    assert set(services) == {"postgres", "minio", *ONE_SHOT, *AIRFLOW_SERVICES}
+    assert set(services) == {"postgres", "minio", *ONE_SHOT, *AIRFLOW_SERVICES, *PROFILED}
     for name, subcommand in AIRFLOW_SERVICES.items():
         assert command_words(services[name].get("command")) == [subcommand], name
-        assert env_of(services[name])["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+        # LocalExecutor unless AIRFLOW_EXECUTOR is set (CeleryExecutor with the `celery` profile).
+        assert env_of(services[name])["AIRFLOW__CORE__EXECUTOR"] == "${AIRFLOW_EXECUTOR:-LocalExecutor}"
         assert env_of(services[name])["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith(
             "postgresql+psycopg2://"
         )
@@ -235,6 +250,30 @@ def test_every_service_it_depends_on_exists_and_there_is_no_cycle(services: dict
         done |= ready
     for name in AIRFLOW_SERVICES:
         assert "airflow-init" in graph[name] and "postgres" in graph[name] and "minio-init" in graph[name]
+    for name in services:  # a service of the default set may not need a profiled one
+        if name not in PROFILED:
+            assert not set(graph[name]) & set(PROFILED), f"{name} depends on a service of a profile"
+
+
+def test_the_celery_profile_has_redis_and_two_workers_on_the_shared_config(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        assert service.get("profiles") == PROFILED.get(name), f"{name}: profiles {service.get('profiles')}"
+    base = env_of(services["airflow-scheduler"])
+    broker = urlparse(base["AIRFLOW__CELERY__BROKER_URL"])
+    assert broker.scheme == "redis" and broker.hostname == "redis" and broker.port == 6379
+    assert services["redis"]["image"].startswith("redis:")
+    for name, hostname in CELERY_WORKERS.items():
+        worker = services[name]
+        assert command_words(worker["command"]) == ["celery", "worker", "--celery-hostname", hostname]
+        assert f"celery@{hostname}" in worker["healthcheck"]["test"][1], f"{name} pings another worker"
+        env = env_of(worker)
+        assert {k: v for k, v in env.items() if k in base} == base, f"{name} must share the Airflow config"
+        assert env["DUMB_INIT_SETSID"] == "1", (
+            "a SIGTERM must reach the task (it checkpoints and reschedules)"
+        )
+        assert {"redis", "airflow-init", "postgres", "minio-init"} <= set(worker["depends_on"])
+        assert "./dags:/opt/airflow/dags" in worker["volumes"]
+    assert command_words(services["flower"]["command"]) == ["celery", "flower"]
 
 
 def test_long_running_services_have_health_checks(services: dict[str, Any]) -> None:
@@ -276,7 +315,7 @@ def test_volumes_and_bind_mounts_exist(compose: dict[str, Any], services: dict[s
 
 
 def test_the_image_is_built_from_the_checkout(services: dict[str, Any]) -> None:
-    for name in (*AIRFLOW_SERVICES, "airflow-init"):
+    for name in (*AIRFLOW_SERVICES, "airflow-init", *CELERY_WORKERS, "flower"):
         build = services[name]["build"]
         context = REPO / build["context"]
         dockerfile = context / build.get("dockerfile", "Dockerfile")
@@ -303,7 +342,7 @@ def test_airflow_environment_names_real_options(services: dict[str, Any]) -> Non
 
     stateful_options = set(StatefulSettings.__dataclass_fields__)
     described = conf.configuration_description
-    for name in (*AIRFLOW_SERVICES, "airflow-init"):
+    for name in (*AIRFLOW_SERVICES, "airflow-init", *CELERY_WORKERS, "flower"):
         for key, value in env_of(services[name]).items():
             assert "${" not in value or ":-" in value, f"{key}: an interpolation without a default"
             match = re.fullmatch(r"AIRFLOW__([A-Z_]+?)__([A-Z_]+)", key)

@@ -1,0 +1,3 @@
+"""A distributed Airflow cluster on loopback for the ``distributed`` tests (see ``cluster.py``)."""
+
+from __future__ import annotations
