@@ -22,7 +22,9 @@ def default_backend_url() -> str:
 
 def load_settings() -> StatefulSettings:
     """Read ``[stateful]`` from Airflow's configuration (``AIRFLOW__STATEFUL__*`` variables included)."""
-    from airflow.sdk import conf
+    from airflow_stateful.compat import airflow_conf
+
+    conf = airflow_conf()
 
     def get(option: str) -> str | None:
         if not conf.has_option(SECTION, option):

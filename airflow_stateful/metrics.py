@@ -56,7 +56,9 @@ class StatsListener:
         return hash(StatsListener)
 
     def __call__(self, name: str, fields: Mapping[str, Any]) -> None:
-        from airflow.sdk.observability.stats import Stats
+        from airflow_stateful.compat import stats
+
+        Stats = stats()
 
         tags = identity_tags(fields.get("identity"))
         if name in (events.COMMIT, events.RESTORE):

@@ -323,7 +323,7 @@ def test_named_identity_and_map_index_follow_the_stateful_task_rules(state_url: 
 def test_incompatible_checkpoint_fails_before_the_pod_and_stays_untouched(
     state_url: str, tmp_path: Path
 ) -> None:
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow_stateful.compat import AirflowFailException
 
     identity = Identity.for_task(dag_id="train", task_id="fit", run_id="manual__1")
     seed_schema_1(state_url, identity, tmp_path / "v1files")
@@ -934,7 +934,7 @@ def test_reattach_gives_a_pod_whose_worker_died_before_its_secret_the_secret_it_
 
 
 def test_on_kill_deletes_the_pod_with_its_grace_period_and_keeps_the_lease(state_url: str) -> None:
-    from airflow.sdk.exceptions import AirflowRescheduleException
+    from airflow_stateful.compat import AirflowRescheduleException
 
     op = make_op(termination_grace_period=90)
     context = make_context()

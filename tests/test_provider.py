@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, version
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from airflow_stateful.get_provider_info import get_provider_info
 pytestmark = pytest.mark.airflow
 
 PACKAGE = "airflow-provider-stateful"
+AIRFLOW_VERSION = tuple(int(part) for part in version("apache-airflow").split(".")[:2])
 PLUGIN_CLASS = "airflow_stateful.plugins.stateful_view.StatefulPlugin"
 # Modules that need an optional extra, and the module whose absence means the extra is not installed.
 NEEDS_EXTRA = {"airflow_stateful.operators.kubernetes": "airflow.providers.cncf.kubernetes"}
@@ -204,7 +205,9 @@ def test_airflow_plugins_loads_our_plugin_once_from_the_entry_point() -> None:
 
 
 def test_airflow_config_lists_the_stateful_section_with_defaults() -> None:
-    out = airflow("config", "list", "--section", "stateful", "--show-values", "--include-descriptions")
+    # Airflow 3.1 lists values by default and has no --show-values (3.2+ hides them without it).
+    show = ["--show-values"] if AIRFLOW_VERSION >= (3, 2) else []
+    out = airflow("config", "list", "--section", "stateful", *show, "--include-descriptions")
     assert "[stateful]" in out
     for line in ("conn_id = aws_default", "lease_ttl = 600", "keep_last = 3", "backend_url ="):
         assert line in out, f"{line!r} missing from:\n{out}"

@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from dag_helpers import find_dag, ledger_by_try, load_dag_module
+from dag_helpers import dagbag, find_dag, ledger_by_try, load_dag_module
 from s3_endpoint import S3Endpoint
 
 if TYPE_CHECKING:
@@ -228,12 +228,16 @@ def test_retry_resumes_from_the_last_checkpoint(
 
 def test_task_stateful_is_registered_through_the_provider() -> None:
     from airflow.sdk import task
-    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
 
     from airflow_stateful import stateful_task
 
+    try:  # Airflow 3.3: the Task SDK's own provider registry
+        from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime as Providers
+    except ImportError:  # 3.1 and 3.2
+        from airflow.providers_manager import ProvidersManager as Providers
+
     assert task.stateful is stateful_task
-    assert ProvidersManagerTaskRuntime().taskflow_decorators["stateful"] is stateful_task
+    assert Providers().taskflow_decorators["stateful"] is stateful_task
 
 
 # -- 2. mapped tasks resume independently ---------------------------------------------------------------------
@@ -511,8 +515,6 @@ DEFINITION_ERRORS = {
 
 @pytest.mark.parametrize("case", list(DEFINITION_ERRORS))
 def test_bad_arguments_fail_when_the_dag_is_defined(case: str, tmp_path: Path) -> None:
-    from airflow.dag_processing.dagbag import DagBag
-
     decorator, error_name, expected = DEFINITION_ERRORS[case]
     body = f"""\
         @dag(dag_id="__DAG_ID__", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
@@ -534,7 +536,7 @@ def test_bad_arguments_fail_when_the_dag_is_defined(case: str, tmp_path: Path) -
     assert type(raised.value).__name__ == error_name
     assert expected in str(raised.value)
     # What the DAG processor shows for the file: an import error naming the value.
-    bag = DagBag(dag_folder=str(folder))
+    bag = dagbag(folder)
     assert dag_file.dag_id not in bag.dag_ids
     [message] = bag.import_errors.values()
     assert expected in message

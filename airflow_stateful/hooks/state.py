@@ -121,7 +121,7 @@ class StateHook(BaseHook):
         """
         if not self.conn_id:
             return {}
-        from airflow.sdk.exceptions import AirflowNotFoundException
+        from airflow_stateful.compat import AirflowNotFoundException
 
         try:
             conn = self.get_connection(self.conn_id)
@@ -234,7 +234,7 @@ class StateHook(BaseHook):
                     "whose password is the signing key"
                 )
             return None
-        from airflow.sdk.exceptions import AirflowNotFoundException
+        from airflow_stateful.compat import AirflowNotFoundException
 
         try:
             conn = self.get_connection(conn_id)

@@ -14,8 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
-
+from airflow_stateful.compat import AirflowFailException, AirflowRescheduleException
 from airflow_stateful.core.codecs import CODECS, JSON
 from airflow_stateful.core.errors import IncompatibleStateError, InvalidValueError, MigrationError
 from airflow_stateful.core.identity import Identity

@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlencode, urlparse
 
 from airflow.api_fastapi.app import get_auth_manager
-from airflow.api_fastapi.core_api.security import auth_manager_from_app
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, Response
@@ -161,7 +160,12 @@ def create_app(
     app = FastAPI(title="Stateful checkpoints", docs_url=None, redoc_url=None, openapi_url=None)
     # Airflow's dependencies find the auth manager on ``request.app.state``, which is the api-server's app
     # for its own routes but this app for ours: hand them the api-server's auth manager instead.
-    app.dependency_overrides[auth_manager_from_app] = get_auth_manager
+    try:  # Airflow 3.3; 3.1 and 3.2 call get_auth_manager() directly
+        from airflow.api_fastapi.core_api.security import auth_manager_from_app
+    except ImportError:
+        pass
+    else:
+        app.dependency_overrides[auth_manager_from_app] = get_auth_manager
     work = gate or WorkGate()
     limits = bounds or Bounds()
     opened: list[ObjectStore] = []

@@ -25,9 +25,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_stateful.compat import airflow_conf
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.conditions import LEASE_RELEASED, CheckpointCondition
 from airflow_stateful.core.errors import InvalidValueError, StatefulError
@@ -72,7 +73,7 @@ class _IdentitySensor(BaseSensorOperator):
         map_index: int | str = -1,
         backend_url: str | None = None,
         conn_id: str | None = None,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        deferrable: bool = airflow_conf().getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
