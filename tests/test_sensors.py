@@ -425,9 +425,10 @@ def first_event(trigger: Any) -> Any:
 def test_trigger_serialize_round_trips_and_holds_no_credentials() -> None:
     try:
         from airflow.sdk._shared.module_loading import import_string
+        from airflow.sdk.serde import deserialize, serialize
     except ImportError:  # Airflow 3.1
+        from airflow.serialization.serde import deserialize, serialize  # type: ignore[no-redef,unused-ignore]
         from airflow.utils.module_loading import import_string
-    from airflow.sdk.serde import deserialize, serialize
 
     from airflow_stateful.triggers.checkpoint import CheckpointTrigger
 
