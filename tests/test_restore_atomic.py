@@ -136,3 +136,41 @@ def test_restoring_a_checkpoint_without_files_changes_nothing(tmp_path: Path) ->
         dest = tree(tmp_path / "dest", BEFORE)
         assert cs.restore_files(latest, dest) == []
         assert listing(dest) == {**BEFORE, "sub": None}
+
+
+def _die_while_cleaning_up(dest: str, store_root: str) -> None:
+    """Delete the staging directory's backups first (tmpfs lists newest first), then die mid-cleanup."""
+    import shutil
+
+    from airflow_stateful.core import restore
+
+    real = shutil.rmtree
+
+    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        real(Path(path) / "old", ignore_errors=True)
+        os._exit(137)
+
+    restore.shutil.rmtree = rmtree  # type: ignore[attr-defined]
+    with LocalObjectStore(root=Path(store_root)) as store:
+        cs = CheckpointStore(store=store, identity=IDENTITY)
+        latest = cs.latest()
+        assert latest is not None
+        cs.restore_files(latest, dest)
+    os._exit(0)
+
+
+def test_a_restore_killed_while_cleaning_up_is_never_rolled_back_without_its_backups(
+    checkpoint: CheckpointStore, tmp_path: Path
+) -> None:
+    """Found by the kill soak on tmpfs: the backups went before the journal, and the recovery then deleted the
+    files it could not put back. The journal now goes first: a finished restore stays finished."""
+    dest = tree(tmp_path / "dest", BEFORE)
+    child = multiprocessing.get_context("fork").Process(
+        target=_die_while_cleaning_up, args=(str(dest), str(tmp_path / "state"))
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == 137
+    recover_interrupted(dest)
+    assert read_tree(dest) == {**BEFORE, **SAVED}
+    assert not any(p.name.startswith(STAGING_PREFIX) for p in dest.iterdir())

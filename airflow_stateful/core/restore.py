@@ -128,7 +128,13 @@ def _swap_in(dest: Path, staging: Path, rels: list[PurePosixPath]) -> list[Path]
             seen.add(parent)
             if not parent.exists():
                 created.append(str(parent.relative_to(dest)))
-    journal = {"pid": os.getpid(), "files": [str(rel) for rel in rels], "created": created}
+    existed = [(dest / rel).exists() or (dest / rel).is_symlink() for rel in rels]
+    journal = {
+        "pid": os.getpid(),
+        "files": [str(rel) for rel in rels],
+        "existed": existed,
+        "created": created,
+    }
     staging.mkdir(exist_ok=True)  # a checkpoint without files downloaded nothing into it
     with open(staging / _JOURNAL, "w", encoding="utf-8") as out:
         json.dump(journal, out)
@@ -149,17 +155,22 @@ def _swap_in(dest: Path, staging: Path, rels: list[PurePosixPath]) -> list[Path]
     except BaseException:
         _roll_back(dest, staging, journal)
         raise
+    # The restore is complete: drop the journal *before* the staging directory (whose deletion order is the
+    # file system's), so a kill during that cleanup can never roll back a finished restore without its backups.
+    (staging / _JOURNAL).unlink()
     return restored
 
 
 def _roll_back(dest: Path, staging: Path, journal: dict[str, Any]) -> None:
     """Undo the moves of an interrupted :func:`_swap_in` (any prefix of them), newest first."""
-    for name in reversed(journal["files"]):
+    existed = journal.get("existed")
+    for n, name in reversed(list(enumerate(journal["files"]))):
         rel = safe_relative(name, manifest_key="restore journal")
         target, aside, incoming = dest / rel, staging / "old" / rel, staging / "new" / rel
+        was_there = existed[n] if isinstance(existed, list) and n < len(existed) else True
         if aside.exists() or aside.is_symlink():
             aside.replace(target)  # what was there before comes back
-        elif not incoming.exists() and (target.exists() or target.is_symlink()):
+        elif not was_there and not incoming.exists() and (target.exists() or target.is_symlink()):
             target.unlink()  # moved in by the restore, where nothing was before
     for name in reversed(journal["created"]):
         with contextlib.suppress(OSError):
