@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints/ci.txt
 PYTEST_ARGS ?=
 
-.PHONY: install test demo lint bench clean
+.PHONY: install test demo lint bench soak storm test-matrix clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ is needed, this is " + sys.version'
@@ -40,5 +40,38 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
+# kill -9 soak (about 10 minutes on 2 cores): SIGKILL a writer 300 times on the local store and 200 times on S3
+# (moto on 127.0.0.1), and a restore 100 + 50 times; prints a summary table, exits non-zero on any violation.
+# SOAK_ARGS="--json-out soak.json" (or "--dir /dev/shm": run on tmpfs) adds to the defaults; `make test` runs a
+# short version (tests/test_kill_soak.py).
+SOAK_ARGS ?=
+soak: $(STAMP)
+	$(PY) tests/soak/kill_soak.py --store both --kills 300 --s3-kills 200 --restore-kills 100 \
+		--s3-restore-kills 50 --seed 1 $(SOAK_ARGS)
+
+# Zombie storm (about 5 minutes): 4 writer processes steal one lease in turns for 120 s on each store; no
+# acknowledged update may be lost, no fenced writer may upload after being told. Short version in `make test`.
+storm: $(STAMP)
+	$(PY) tests/soak/zombie_storm.py --store both --writers 4 --seconds 120
+
+# The Airflow-facing subset of the suite on the latest patch of each older supported minor (3.3 is `make test`).
+# Each minor gets its own virtualenv, pinned by constraints/airflow-<minor>.txt (see docs/reliability.md).
+MATRIX ?= 3.1 3.2
+MATRIX_TESTS ?= tests/test_provider.py tests/test_dags.py tests/test_stateful_tasks.py tests/test_sensors.py \
+	tests/test_examples.py tests/test_metrics.py tests/test_task_state.py
+test-matrix:
+	@set -e; for minor in $(MATRIX); do \
+		venv=.venv-airflow-$$minor; pins=constraints/airflow-$$minor.txt; \
+		if [ ! -f $$venv/.installed ] || [ $$pins -nt $$venv/.installed ] || [ pyproject.toml -nt $$venv/.installed ]; then \
+			rm -rf $$venv; $(PYTHON) -m venv $$venv; \
+			$$venv/bin/pip install --quiet --upgrade pip; \
+			$$venv/bin/pip install --quiet -c $$pins -e . pytest 'moto[server]' psutil statsd \
+				apache-airflow-providers-cncf-kubernetes; \
+			touch $$venv/.installed; \
+		fi; \
+		echo "== Airflow $$($$venv/bin/python -c 'from importlib.metadata import version; print(version("apache-airflow"))')"; \
+		$$venv/bin/python -m pytest -p no:cacheprovider $(MATRIX_TESTS); \
+	done
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-airflow-* .pytest_cache .mypy_cache .ruff_cache
