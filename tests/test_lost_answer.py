@@ -117,7 +117,9 @@ def test_an_unknown_outcome_says_so_and_the_next_save_settles_it(store: LosingSt
     # The writer's own sweep runs meanwhile: the chunks only checkpoint 1 held are deleted.
     before = {info.key for info in store.inner.list_objects("")}
     writer.checkpoints.sweep(writer.lease)
-    assert before - {info.key for info in store.inner.list_objects("")}, "checkpoint 1's own chunks were deleted"
+    assert before - {info.key for info in store.inner.list_objects("")}, (
+        "checkpoint 1's own chunks were deleted"
+    )
     # The next save brings back checkpoint 1's first file: its chunks must be uploaded again, not assumed.
     third = tree(tmp_path / "w3", {"a.bin": b"A" * 70_000, "c.bin": b"C" * 10})
     assert writer.commit({"n": 3}, files=third).seq == 3
