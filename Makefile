@@ -45,9 +45,12 @@ bench: $(STAMP)
 # SOAK_ARGS="--json-out soak.json" (or "--dir /dev/shm": run on tmpfs) adds to the defaults; `make test` runs a
 # short version (tests/test_kill_soak.py).
 SOAK_ARGS ?=
+# It also runs the two longer Celery-cluster scenarios that `make test` leaves out (an orphaned task process
+# fenced by its retry, a scheduler killed mid-task): tests/test_distributed.py with STATEFUL_LONG_TESTS=1.
 soak: $(STAMP)
 	$(PY) tests/soak/kill_soak.py --store both --kills 300 --s3-kills 200 --restore-kills 100 \
 		--s3-restore-kills 50 --seed 1 $(SOAK_ARGS)
+	STATEFUL_LONG_TESTS=1 $(PY) -m pytest -p no:cacheprovider tests/test_distributed.py
 
 # Zombie storm (about 5 minutes): 4 writer processes steal one lease in turns for 120 s on each store; no
 # acknowledged update may be lost, no fenced writer may upload after being told. Short version in `make test`.

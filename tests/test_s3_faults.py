@@ -225,7 +225,7 @@ def test_seeded_faults_on_every_request_kind(s3_endpoint: S3Endpoint, s3_prefix:
         restore_dest.mkdir()
         (restore_dest / "mine.txt").write_bytes(b"the user's own file, never touched by a failed restore")
         try:
-            for number in range(30):
+            for number in range(20):
                 step = number % 6
                 value: Any = {"n": number, "seed": SEED}
                 files: dict[str, bytes] | None = None
