@@ -383,7 +383,7 @@ def test_a_task_process_orphaned_by_kill_9_of_its_worker_group_is_fenced_by_the_
     )
 
 
-@pytest.mark.parametrize("to", ["every process", "process group"])
+@pytest.mark.parametrize("to", [pytest.param("every process", marks=LONG), "process group"])
 def test_warm_shutdown_of_the_worker_checkpoints_and_reschedules_without_using_a_retry(
     cluster: Cluster, to: str
 ) -> None:

@@ -19,11 +19,11 @@ pytestmark = [pytest.mark.slow]
 
 @pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
 def test_writers_stealing_one_lease_in_turns_lose_no_acknowledged_update(kind: str) -> None:
-    result = zombie_storm.storm(kind, writers=3, seconds=5, seed=7)
+    result = zombie_storm.storm(kind, writers=3, seconds=3, seed=7)
     print({k: v for k, v in result.items() if k != "problems"})
     assert result["problems"] == []
     # The storm really stormed: many hand-overs, each ending with a writer told it was fenced.
-    assert result["acquisitions"] >= 8 and result["fenced"] >= 6 and result["acknowledged"] >= 20
+    assert result["acquisitions"] >= 5 and result["fenced"] >= 4 and result["acknowledged"] >= 12
     assert result["history_checked"] == result["acknowledged"]
 
 
