@@ -60,6 +60,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from airflow_stateful.core.chunk_cache import CacheStats, LocalChunkCache
 from airflow_stateful.core.codecs import encode_value
+from airflow_stateful.core.effects import effect_key
 from airflow_stateful.core.errors import InvalidValueError, StopRequested
 from airflow_stateful.core.progress import human_bytes
 from airflow_stateful.core.records import CheckpointEntry, Manifest, WriterInfo
@@ -283,6 +284,16 @@ class TaskState:
     def lease_lost(self) -> bool:
         """True once this try lost its lease (a newer try took over): its next save will be refused."""
         return self._session.lost
+
+    def effect_key(self, name: str) -> str:
+        """A key for the external effect ``name``, the same in every try of this task instance.
+
+        Pass it to a system that deduplicates (an upsert key, an idempotency header, a message deduplication
+        id, a Kafka transactional id prefix): a retry redoing the work after the last checkpoint sends the same
+        key, and the system drops the repeat. Different for another run, task or map index, and for another
+        name: name each effect (``f"invoice-{n}"``). See :mod:`airflow_stateful.core.effects`.
+        """
+        return effect_key(self._session.identity, name)
 
     def request_stop(self) -> None:
         """Ask the running code to stop at its next checkpoint (called from ``on_kill``; thread-safe)."""
