@@ -191,6 +191,19 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "4294967296",
                         "default": str(config.RESTORE_CACHE_MAX_BYTES),
                     },
+                    "expected_checkpoint_interval": {
+                        "description": (
+                            "How long a writer may hold a live lease without committing a checkpoint before "
+                            "it counts as stuck (alive but making no progress; distinct from dead, whose "
+                            "lease expired). `airflow-stateful ls`/`stuck`, the UI, the CheckpointSensor's "
+                            "stuck mode and the stateful.stuck metric use it for tasks that declare no "
+                            "expected_checkpoint_interval of their own. Seconds or a duration like 30m."
+                        ),
+                        "version_added": "0.3.0",
+                        "type": "string",
+                        "example": "30m",
+                        "default": "3600",
+                    },
                 },
             }
         },

@@ -4,23 +4,16 @@ Metrics go wherever Airflow's ``[metrics]`` section sends them (StatsD, Datadog,
 module only names them. Tags carry ``dag_id`` and ``task_id`` when the identity is a task's, never the run
 id or the identity key (unbounded cardinality). Backends without tags (plain StatsD) drop them.
 
-============================  =========  ==========================================================
-name                          type       meaning
-============================  =========  ==========================================================
-``stateful.commits``          counter    checkpoints committed
-``stateful.bytes_committed``  counter    bytes of files in committed checkpoints
-``stateful.commit_duration``  timer      upload + manifest + head compare-and-swap
-``stateful.restores``         counter    checkpoints whose files were restored
-``stateful.bytes_restored``   counter    bytes of files restored
-``stateful.restore_duration`` timer      download + verify + move into place
-``stateful.resumes``          counter    tasks that resumed from a checkpoint
-``stateful.fenced_writes``    counter    writes refused because a newer try or pod took the lease
-============================  =========  ==========================================================
+:data:`METRICS` is the one list of every metric this package emits (the table below is generated from the
+same names; ``deploy/`` builds its Prometheus rules and Grafana dashboard on them, and a test checks that
+they reference nothing else). Writers emit the per-task ones; the GC operator and the stuck check emit the
+fleet-wide gauges (``stateful.gc.*``, ``stateful.idle_*``, ``stateful.stuck_identities``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +21,74 @@ from airflow_stateful.core import events
 from airflow_stateful.core.identity import Identity
 
 PREFIX = "stateful"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its name (under Airflow's own ``[metrics] statsd_prefix``), kind, tags and meaning."""
+
+    name: str
+    kind: str  # "counter", "gauge" or "timer"
+    meaning: str
+    tags: tuple[str, ...] = ("dag_id", "task_id")
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("stateful.commits", "counter", "checkpoints committed"),
+    Metric("stateful.bytes_committed", "counter", "bytes of files in committed checkpoints"),
+    Metric("stateful.commit_duration", "timer", "upload + manifest + head compare-and-swap"),
+    Metric("stateful.commit_failures", "counter", "commits that failed for any reason but fencing"),
+    Metric("stateful.restores", "counter", "checkpoints whose files were restored"),
+    Metric("stateful.bytes_restored", "counter", "bytes of files restored"),
+    Metric("stateful.restore_duration", "timer", "download + verify + move into place"),
+    Metric("stateful.resumes", "counter", "tasks that resumed from a checkpoint"),
+    Metric("stateful.fenced_writes", "counter", "writes refused because a newer try or pod took the lease"),
+    Metric("stateful.outputs_published", "counter", "outputs made visible by a commit"),
+    Metric(
+        "stateful.checkpoint_age",
+        "gauge",
+        "seconds since the running writer last committed (or took the lease), sent at every lease renewal",
+    ),
+    Metric(
+        "stateful.stuck",
+        "gauge",
+        "1 while the running writer is alive but past its expected checkpoint interval",
+    ),
+    Metric("stateful.stuck_identities", "gauge", "identities found stuck by the last stuck check", tags=()),
+    Metric("stateful.gc.garbage_objects", "gauge", "unreferenced objects GC found (its backlog)", tags=()),
+    Metric("stateful.gc.garbage_bytes", "gauge", "bytes of unreferenced objects GC found", tags=()),
+    Metric("stateful.gc.deleted_objects", "counter", "objects GC deleted", tags=()),
+    Metric("stateful.gc.deleted_bytes", "counter", "bytes GC deleted", tags=()),
+    Metric(
+        "stateful.idle_bytes", "gauge", "bytes held by identities idle longer than the GC's idle_for", tags=()
+    ),
+    Metric(
+        "stateful.idle_monthly_cost",
+        "gauge",
+        "what the idle bytes cost per month at the GC's price per GB-month (USD by default)",
+        tags=(),
+    ),
+)
+"""Every metric this package emits, by the name it is sent under (before Airflow's ``statsd_prefix``)."""
+METRIC_NAMES = frozenset(m.name for m in METRICS)
+
+
+def gauge(name: str, value: float, *, tags: Mapping[str, str] | None = None) -> None:
+    """Send gauge ``name`` (which must be in :data:`METRICS`) through Airflow's ``Stats``."""
+    if name not in METRIC_NAMES:
+        raise ValueError(f"{name!r} is not a metric of this package (see airflow_stateful.metrics.METRICS)")
+    from airflow_stateful.compat import stats
+
+    stats().gauge(name, value, tags=dict(tags or {}))
+
+
+def incr(name: str, count: int = 1, *, tags: Mapping[str, str] | None = None) -> None:
+    """Add ``count`` to counter ``name`` (which must be in :data:`METRICS`)."""
+    if name not in METRIC_NAMES:
+        raise ValueError(f"{name!r} is not a metric of this package (see airflow_stateful.metrics.METRICS)")
+    from airflow_stateful.compat import stats
+
+    stats().incr(name, count=count, tags=dict(tags or {}))
 
 
 def identity_tags(key: Any) -> dict[str, str]:
@@ -75,6 +136,13 @@ class StatsListener:
             Stats.incr(f"{PREFIX}.resumes", tags=tags)
         elif name == events.FENCED:
             Stats.incr(f"{PREFIX}.fenced_writes", tags=tags)
+        elif name == events.COMMIT_FAILED:
+            Stats.incr(f"{PREFIX}.commit_failures", tags=tags)
+        elif name == events.PUBLISHED:
+            Stats.incr(f"{PREFIX}.outputs_published", count=int(fields.get("outputs") or 0), tags=tags)
+        elif name == events.PROGRESS:
+            Stats.gauge(f"{PREFIX}.checkpoint_age", float(fields.get("since_progress") or 0.0), tags=tags)
+            Stats.gauge(f"{PREFIX}.stuck", 1 if fields.get("stuck") else 0, tags=tags)
 
 
 def install() -> StatsListener:

@@ -62,6 +62,8 @@ from airflow_stateful.core.chunk_cache import CacheStats, LocalChunkCache
 from airflow_stateful.core.codecs import encode_value
 from airflow_stateful.core.effects import effect_key
 from airflow_stateful.core.errors import InvalidValueError, StopRequested
+from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.outputs import OutputInfo
 from airflow_stateful.core.progress import human_bytes
 from airflow_stateful.core.records import CheckpointEntry, Manifest, WriterInfo
 from airflow_stateful.core.session import WriterSession
@@ -259,6 +261,11 @@ class TaskState:
         self._generation += 1
 
     @property
+    def identity(self) -> Identity:
+        """Whose state this is (the task instance's identity)."""
+        return self._session.identity
+
+    @property
     def resumed(self) -> bool:
         """True when this try started from a checkpoint written earlier (by an earlier try or run)."""
         return self._resumed
@@ -294,6 +301,40 @@ class TaskState:
         name: name each effect (``f"invoice-{n}"``). See :mod:`airflow_stateful.core.effects`.
         """
         return effect_key(self._session.identity, name)
+
+    # -- outputs ---------------------------------------------------------------------------------------------
+    def publish(self, name: str, path: str | os.PathLike[str], *, follow_symlinks: bool = False) -> None:
+        """Stage the file or directory ``path`` as output ``name``, to become visible with the next save.
+
+        The bytes are uploaded now (what is published is ``path`` as it is at this call; it may be changed or
+        deleted afterwards), but no reader sees the output until the next :meth:`save` (or ``resume()``
+        checkpoint) commits, atomically with that checkpoint. If this try dies or is fenced before then, the
+        output never becomes visible (GC collects the upload) and the retry, redoing the work, publishes it
+        again: each output name is committed once, by the try that committed it. A name published again
+        replaces the output at the next commit. When the task returns with outputs still staged, the operator
+        commits them with a last checkpoint of :attr:`value`.
+
+        ``name``: 1-200 letters, digits, ``.``, ``_``, ``-``. Waits for a background save in flight first.
+        """
+        self.wait_for_save()
+        staged = self._session.publish(name, Path(path), follow_symlinks=follow_symlinks)
+        log.info(
+            "output %r staged (%s, %s); visible with the next checkpoint",
+            name,
+            staged.kind,
+            human_bytes(staged.size),
+        )
+
+    def outputs(self) -> dict[str, OutputInfo]:
+        """The committed outputs of this identity as of :attr:`checkpoint`: name -> size, SHA-256, location, the
+        checkpoint that committed it. Empty before the first commit that carried outputs; staged outputs are
+        not listed (see :attr:`staged_outputs`)."""
+        return self._session.checkpoints.outputs(self._latest) if self._latest is not None else {}
+
+    @property
+    def staged_outputs(self) -> list[str]:
+        """Names of outputs published since the last commit (not visible to anyone yet)."""
+        return sorted(self._session.staged_outputs)
 
     def request_stop(self) -> None:
         """Ask the running code to stop at its next checkpoint (called from ``on_kill``; thread-safe)."""

@@ -47,9 +47,13 @@ def missing_references(store: ObjectStore, identity: Identity) -> list[str]:
     for entry in head.checkpoints:
         needed = [entry.manifest] if entry.manifest else []
         needed += [entry.tree.key] if entry.tree else []
+        needed += [entry.outputs_tree.key] if entry.outputs_tree else []
         # Pruned meanwhile (the second head read decides) or missing (then the manifest is reported).
         with contextlib.suppress(CheckpointNotFoundError, ObjectNotFoundError, CheckpointCorruptError):
-            needed += [key for f in cs.files(cs.get(entry.seq)) for key in f.keys]
+            manifest = cs.get(entry.seq)
+            needed += [key for f in cs.files(manifest) for key in f.keys]
+            for name in manifest.outputs:  # published outputs are referenced like the checkpoint's own files
+                needed += [c.key for f in cs.output_files(manifest, name) for c in f.chunks]
         absent[entry.commit_id] = [key for key in needed if key not in present]
     after = cs.head()
     still = {e.commit_id for e in after.checkpoints} if after else set()

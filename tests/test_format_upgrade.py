@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from airflow_stateful.core import CheckpointStore, Identity
-from airflow_stateful.core.records import FORMAT_VERSION
+from airflow_stateful.core.records import PLAIN_FORMAT
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 
@@ -145,7 +145,7 @@ def check_upgrade(old_code: Path, store: ObjectStore, settings: dict[str, Any], 
     new = cs.commit(lease, {"step": 3, "by": "new"}, files=src)
     cs.sweep(lease)
     head = cs.head()
-    assert head is not None and head.format == FORMAT_VERSION == 2
+    assert head is not None and head.format == PLAIN_FORMAT == 2
     assert [e.seq for e in head.checkpoints][-3:] == [1, 2, 3]
     cs.restore_files(cs.get(1), work / "new-restore-old-1")
     assert digest_tree(work / "new-restore-old-1") == digest_tree(work / "old-src-1")

@@ -20,12 +20,14 @@ its lease) or by GC (:mod:`airflow_stateful.core.gc`).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
+import os
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,9 +58,22 @@ from airflow_stateful.core.lease import (
     lease_of,
     renewed,
 )
+from airflow_stateful.core.outputs import (
+    MAX_OUTPUTS,
+    Kind,
+    OutputInfo,
+    OutputRecord,
+    StagedOutput,
+    check_output_name,
+    content_sha256,
+    files_of_output,
+    merged_tree_files,
+)
 from airflow_stateful.core.progress import TransferProgress, human_bytes
 from airflow_stateful.core.records import (
     FORMAT_VERSION,
+    MAX_EXPECTED_INTERVAL,
+    PLAIN_FORMAT,
     CheckpointEntry,
     FileEntry,
     HeadRecord,
@@ -70,11 +85,11 @@ from airflow_stateful.core.records import (
     sha256_hex,
     utcnow_iso,
 )
-from airflow_stateful.core.restore import ChunkCache, restore_files
+from airflow_stateful.core.restore import ChunkCache, restore_files, restore_tree_files
 from airflow_stateful.core.retention import KeepLast, RetentionPolicy, references, unreferenced
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.transfer import upload_files
-from airflow_stateful.core.trees import ChunkRef, Tree, TreeRef, tree_key
+from airflow_stateful.core.trees import ChunkRef, Tree, TreeFile, TreeRef, tree_key
 from airflow_stateful.version import __version__
 
 log = logging.getLogger("airflow_stateful")
@@ -144,13 +159,26 @@ class CheckpointStore:
         return f"CheckpointStore(identity={self.identity.key!r}, store={self.store!r})"
 
     # -- leases --------------------------------------------------------------------------------------------
-    def acquire(self, *, holder: WriterInfo | None = None, steal: bool = False, grace: float = 0.0) -> Lease:
+    def acquire(
+        self,
+        *,
+        holder: WriterInfo | None = None,
+        steal: bool = False,
+        grace: float = 0.0,
+        expected_interval: float | None = None,
+    ) -> Lease:
         """Take the lease, raising the epoch so every earlier writer is fenced.
 
         :param steal: take it even from a live holder (an Airflow retry knows its earlier try is over).
         :param grace: without ``steal``, also respect a lease expired less than this long ago (maintenance
             passes the lease grace, so it never takes over a lease whose holder may still be renewing it).
+        :param expected_interval: seconds within which this holder means to commit; recorded in the lease so
+            that readers can tell it stuck (alive, no progress) from active (:mod:`airflow_stateful.core.status`).
         """
+        if expected_interval is not None and not 1 <= expected_interval <= MAX_EXPECTED_INTERVAL:
+            raise InvalidValueError(
+                f"expected_checkpoint_interval must be from 1 s to {MAX_EXPECTED_INTERVAL:g} s, not {expected_interval!r}"
+            )
         holder = holder or WriterInfo.current()
         token = uuid.uuid4().hex
         head = self.heads.update(
@@ -163,6 +191,7 @@ class CheckpointStore:
                 steal=steal,
                 token=token,
                 grace=grace,
+                expected_interval=expected_interval,
             )
         )
         assert head.lease is not None
@@ -224,6 +253,7 @@ class CheckpointStore:
         follow_symlinks: bool = False,
         encoded: bool = False,
         check: Callable[[], None] | None = None,
+        outputs: Mapping[str, StagedOutput] | None = None,
     ) -> Manifest:
         """Make ``value`` (and the files below ``files``) the identity's newest checkpoint, atomically.
 
@@ -241,6 +271,8 @@ class CheckpointStore:
             wrote it): it is copied as it is, never decoded (a rollback must not unpickle anything).
         :param check: called before each upload and before the head is advanced; raising there aborts the
             commit with nothing made visible (a :class:`WriterSession` stops a writer that lost its lease).
+        :param outputs: outputs staged by :meth:`stage_output`, made visible with this checkpoint (added to, or
+            replacing by name, the outputs of the newest checkpoint, which every commit carries over).
         """
         if lease.identity != self.identity:
             raise ValueError(f"lease is for {lease.identity}, not {self.identity}")
@@ -269,6 +301,7 @@ class CheckpointStore:
             except FencedError:
                 events.emit(events.FENCED, identity=self.identity.key, epoch=lease.epoch, action="commit")
                 raise
+        outputs_base = self._outputs_base(head, keep_files_from, previous)
         if (
             local_files
             and previous is not None
@@ -288,6 +321,11 @@ class CheckpointStore:
             tree_ref, legacy_files = keep_files_from.tree, keep_files_from.files
         elif local_files:
             tree_ref = self._upload_tree(local_files, commit_id, previous or keep_files_from, check)
+        created_at = utcnow_iso(self.clock())
+        writer = writer or lease.holder
+        outputs_tree, output_records = self._outputs_tree(
+            outputs_base, outputs or {}, seq=seq, created_at=created_at, writer=writer, commit_id=commit_id
+        )
 
         manifest = Manifest(
             identity=self.identity.key,
@@ -295,14 +333,17 @@ class CheckpointStore:
             commit_id=commit_id,
             epoch=lease.epoch,
             schema_version=schema_version,
-            created_at=utcnow_iso(self.clock()),
-            writer=writer or lease.holder,
+            created_at=created_at,
+            writer=writer,
             value=stored_value,
             value_codec=value_codec,
             files=legacy_files,
             library_version=__version__,
             extra=dict(extra or {}),
             tree=tree_ref,
+            outputs=output_records,
+            outputs_tree=outputs_tree,
+            format=FORMAT_VERSION if outputs_tree is not None else PLAIN_FORMAT,
         )
         body = manifest.to_json()
         raw = canonical_json(body) + b"\n"
@@ -327,6 +368,7 @@ class CheckpointStore:
             tree=tree_ref,
             # A copy made of the stored bytes: the caller's value object must never alias the head's record.
             inline=json.loads(raw) if inline else None,
+            outputs_tree=outputs_tree,
         )
 
         freed: list[CheckpointEntry] = []
@@ -341,11 +383,10 @@ class CheckpointStore:
                     f"(seq {seq}) was in flight with the same lease; commit from one thread at a time."
                 )
             keep, drop = self.retention.split([*current.checkpoints, entry])
-            freed[:] = [e for e in drop if e.manifest or e.tree or e.data_refs]
+            freed[:] = [e for e in drop if e.manifest or e.tree or e.data_refs or e.outputs_tree]
+            advanced = current.evolve(next_seq=seq + 1, checkpoints=tuple(keep))
             return renewed(
-                current.evolve(next_seq=seq + 1, checkpoints=tuple(keep), format=FORMAT_VERSION),
-                now=self.clock(),
-                ttl=self.lease_ttl,
+                advanced.evolve(format=advanced.written_format), now=self.clock(), ttl=self.lease_ttl
             )
 
         try:
@@ -365,6 +406,21 @@ class CheckpointStore:
                 exc,
             )
         self.cleanup_due += len(freed)
+        if outputs:
+            events.emit(
+                events.PUBLISHED,
+                identity=self.identity.key,
+                seq=seq,
+                outputs=len(outputs),
+                bytes=sum(o.size for o in outputs.values()),
+            )
+            log.info(
+                "%s: checkpoint %d made %d output(s) visible: %s",
+                self.identity,
+                seq,
+                len(outputs),
+                ", ".join(sorted(outputs)),
+            )
         events.emit(
             events.COMMIT,
             identity=self.identity.key,
@@ -414,6 +470,165 @@ class CheckpointStore:
                 "is intact either way; the next save reads the head again and goes on from the newest.",
                 manifest=manifest,
             ) from error
+
+    # -- outputs ---------------------------------------------------------------------------------------------
+    def stage_output(
+        self,
+        lease: Lease,
+        name: str,
+        path: str | Path,
+        *,
+        known: Mapping[str, ChunkRef] | None = None,
+        follow_symlinks: bool = False,
+        check: Callable[[], None] | None = None,
+    ) -> StagedOutput:
+        """Upload the chunks of output ``name`` (the file or directory ``path``) for the next commit to publish.
+
+        Nothing becomes visible: the chunks are unreferenced until a commit names them (:meth:`commit` with
+        ``outputs``), and a writer that dies or is fenced first leaves them for GC. The name and the path are
+        checked before anything is sent, and the lease is checked before uploading (a fenced writer gets
+        FencedError and uploads nothing). ``known``: chunks the identity's kept checkpoints hold (not sent
+        again). The returned record carries the SHA-256 of the content (:func:`~.outputs.content_sha256`).
+        """
+        check_output_name(name)
+        if not isinstance(path, (str, os.PathLike)):
+            raise InvalidValueError(f"output {name!r}: path must be a file or directory path, not {path!r}")
+        given = Path(path)
+        if not given.is_file() and not given.is_dir():
+            raise InvalidValueError(
+                f"output {name!r}: {str(given)!r} is not a file or a directory (does it exist?); nothing was published"
+            )
+        kind: Kind = "file" if given.is_file() else "directory"
+        local_files = collect_files(given, follow_symlinks=follow_symlinks)
+        if kind == "directory" and not local_files:
+            raise InvalidValueError(
+                f"output {name!r}: directory {str(given)!r} holds no files; nothing was published"
+            )
+        hashes = {f.rel: _file_sha256(f.path) for f in local_files}
+        check_holder(self.heads.load()[0], lease, action="publish to")
+        result = upload_files(
+            self.store,
+            identity=self.identity.key,
+            files=local_files,
+            known=dict(known or {}),
+            commit_id=uuid.uuid4().hex,
+            workers=self.parallelism,
+            check=check,
+        )
+        by_rel = {f.rel: f for f in local_files}
+        files: list[TreeFile] = []
+        for tf in result.files:
+            if tf.size != by_rel[tf.path].size or tf.size != os.stat(by_rel[tf.path].path).st_size:
+                raise InvalidValueError(
+                    f"output {name!r}: {tf.path!r} changed while it was being published; publish it again once it "
+                    "is complete"
+                )
+            files.append(TreeFile(path="" if kind == "file" else tf.path, size=tf.size, chunks=tf.chunks))
+        sha = content_sha256(kind, [(f.path, f.size, hashes[f.path or local_files[0].rel]) for f in files])
+        log.info(
+            "%s: staged output %r (%s, %d file(s), %s; uploaded %d new chunk(s)); visible with the next checkpoint",
+            self.identity,
+            name,
+            kind,
+            len(files),
+            human_bytes(sum(f.size for f in files)),
+            result.chunks_sent,
+        )
+        return StagedOutput(name=name, kind=kind, files=tuple(files), sha256=sha, source=str(given))
+
+    def outputs(self, manifest: Manifest | None = None) -> dict[str, OutputInfo]:
+        """The outputs committed so far (by the newest checkpoint, or by ``manifest``), by name; ``{}`` before
+        the first commit that carried outputs. Only committed outputs are ever listed."""
+        if manifest is None:
+            manifest = self.latest()
+        if manifest is None or manifest.outputs_tree is None:
+            return {}
+        location = f"{self.store.url.rstrip('/')}/{manifest.outputs_tree.key}"
+        return {
+            name: OutputInfo.of(record, location=f"{location}#{name}")
+            for name, record in sorted(manifest.outputs.items())
+        }
+
+    def output_files(self, manifest: Manifest, name: str) -> list[TreeFile]:
+        """The files of committed output ``name`` of ``manifest`` (paths relative to the output; a file output
+        is one file with path ``""``), verified against its record. CheckpointNotFoundError if it has none."""
+        record = manifest.outputs.get(name)
+        if record is None or manifest.outputs_tree is None:
+            have = ", ".join(sorted(manifest.outputs)) or "none"
+            raise CheckpointNotFoundError(
+                f"checkpoint {manifest.seq} of {self.identity} has no output {name!r}; its outputs: {have}"
+            )
+        return files_of_output(record, self._tree_of_ref(manifest.outputs_tree).files)
+
+    def restore_output(
+        self,
+        name: str,
+        dest: str | Path,
+        *,
+        manifest: Manifest | None = None,
+        cache: ChunkCache | None = None,
+    ) -> list[Path]:
+        """Download committed output ``name`` to ``dest/<name>`` (a file, or a directory of its files), every chunk
+        verified, all or nothing; the paths written. Default: the output as the newest checkpoint has it."""
+        check_output_name(name)
+        manifest = manifest or self.latest()
+        if manifest is None:
+            raise CheckpointNotFoundError(f"identity {self.identity} has no checkpoint, so no outputs")
+        files = self.output_files(manifest, name)
+        placed = [
+            TreeFile(path=f"{name}/{f.path}" if f.path else name, size=f.size, chunks=f.chunks) for f in files
+        ]
+        label = f"output {name!r} of {self.identity}"
+        return restore_tree_files(self, placed, dest, where=label, label=label, seq=manifest.seq, cache=cache)
+
+    def _outputs_base(self, head: HeadRecord, *known: Manifest | None) -> Manifest | None:
+        """The newest checkpoint's manifest, whose outputs a commit carries over; ``None`` if it has none.
+
+        Usually one of ``known`` (the writer's newest checkpoint): no request. Otherwise it is read."""
+        newest = head.latest
+        if newest is None or newest.outputs_tree is None:
+            return None
+        for manifest in known:
+            if manifest is not None and manifest.commit_id == newest.commit_id:
+                return manifest
+        return self._read_manifest(newest)
+
+    def _outputs_tree(
+        self,
+        base: Manifest | None,
+        staged: Mapping[str, StagedOutput],
+        *,
+        seq: int,
+        created_at: str,
+        writer: WriterInfo,
+        commit_id: str,
+    ) -> tuple[TreeRef | None, dict[str, OutputRecord]]:
+        """The outputs tree and records of the checkpoint being committed: ``base``'s, with ``staged`` merged in."""
+        kept = dict(base.outputs) if base is not None else {}
+        kept_ref = base.outputs_tree if base is not None else None
+        if not staged:
+            return kept_ref, kept
+        records = {name: record for name, record in kept.items() if name not in staged}
+        for name, output in staged.items():
+            records[name] = OutputRecord(
+                name=name,
+                kind=output.kind,
+                size=output.size,
+                file_count=len(output.files),
+                sha256=output.sha256,
+                seq=seq,
+                committed_at=created_at,
+                try_number=writer.try_number,
+                run_id=writer.run_id,
+            )
+        if len(records) > MAX_OUTPUTS:
+            raise InvalidValueError(
+                f"{self.identity} would carry {len(records)} outputs, more than the {MAX_OUTPUTS} allowed; "
+                "publish fewer, larger outputs (a directory is one output)"
+            )
+        kept_files = self._tree_of_ref(kept_ref).files if kept_ref is not None else ()
+        tree = Tree(identity=self.identity.key, files=tuple(merged_tree_files(kept_files, kept, staged)))
+        return self._write_tree(tree, commit_id, same_as=kept_ref), dict(sorted(records.items()))
 
     def _dedup_base(self, head: HeadRecord) -> Manifest | None:
         """The newest checkpoint, whose chunks a commit that was not told its ``previous`` need not upload.
@@ -491,10 +706,14 @@ class CheckpointStore:
             human_bytes(result.bytes_reused),
         )
         tree = Tree(identity=self.identity.key, files=tuple(result.files))
+        return self._write_tree(tree, commit_id, same_as=previous.tree if previous is not None else None)
+
+    def _write_tree(self, tree: Tree, commit_id: str, *, same_as: TreeRef | None) -> TreeRef:
+        """Write ``tree`` (create-if-absent, never adopting garbage) unless it is ``same_as``, a kept tree."""
         data = tree.to_bytes()
         sha = sha256_hex(data)
-        if previous is not None and previous.tree is not None and previous.tree.sha256 == sha:
-            return previous.tree  # the same files as before: the same tree, already kept
+        if same_as is not None and same_as.sha256 == sha:
+            return same_as  # the same files as before: the same tree, already kept
         key = tree_key(self.identity.key, sha)
         try:
             self.store.put(key, data, if_none_match=True, adopt_identical=False)
@@ -506,13 +725,14 @@ class CheckpointStore:
             key=key, sha256=sha, size=len(data), file_count=len(tree.files), total_size=tree.total_size
         )
 
-    def sweep(self, lease: Lease) -> list[str]:
+    def sweep(self, lease: Lease, *, keep: Collection[str] = ()) -> list[str]:
         """Delete this identity's objects no kept checkpoint needs (dropped checkpoints, crash garbage).
 
         Fenced like a commit, and in this order: list the identity's objects, *then* confirm (by renewing the
         lease) that this writer still holds it, then delete what the confirmed head does not reference. Any
         object in the listing was therefore written before the confirmation; a newer writer can only have
         written after it took the lease, which the confirmation would have seen. Returns the deleted keys.
+        ``keep``: keys this writer uploaded for its next commit (staged outputs), unreferenced until then.
         """
         listed = [
             info for info in self.store.list_objects(f"{self.identity.key}/~") if info.key != self.heads.key
@@ -524,7 +744,12 @@ class CheckpointStore:
         head = self.heads.update(decide, fresh=False)
         self.cleanup_due = 0
         refs = references(head, trees=self._tree_of_ref)
-        garbage = [info.key for info in unreferenced(self.identity.key, listed, head, refs=refs)]
+        kept = set(keep)
+        garbage = [
+            info.key
+            for info in unreferenced(self.identity.key, listed, head, refs=refs)
+            if info.key not in kept
+        ]
         if garbage:
             self.store.delete_many(garbage)
             log.info("%s: deleted %d object(s) no kept checkpoint needs", self.identity, len(garbage))
@@ -686,3 +911,12 @@ class CheckpointStore:
         CheckpointCorruptError naming the first bad object. Nothing is kept."""
         with tempfile.TemporaryDirectory(prefix="stateful-verify-") as scratch:
             self.restore_files(manifest, scratch)
+
+
+def _file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB blocks (what ``sha256sum`` prints)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

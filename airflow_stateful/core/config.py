@@ -34,6 +34,9 @@ GC_MIN_AGE = timedelta(hours=1)
 """Unreferenced objects younger than this are left alone by GC (an extra margin on top of the lease rules)."""
 RENEW_FRACTION = 1 / 3
 """A writer renews its lease every ``lease_ttl * RENEW_FRACTION`` seconds (with jitter)."""
+EXPECTED_CHECKPOINT_INTERVAL = timedelta(hours=1)
+"""A writer with a live lease that commits nothing for longer than this is *stuck* (:mod:`.status`), unless its
+task declares its own ``expected_checkpoint_interval``."""
 RESTORE_CACHE_MAX_BYTES = 2 * 1024 * 1024 * 1024
 """Bytes a worker's restore cache keeps at most (least recently used chunks are evicted beyond it)."""
 
@@ -71,6 +74,8 @@ class StatefulSettings:
     restore_cache_dir: str = field(default_factory=default_restore_cache_dir)
     """Where a worker keeps chunks it restored or saved, for a retry on the same machine; ``""``: no cache."""
     restore_cache_max_bytes: int = RESTORE_CACHE_MAX_BYTES
+    expected_checkpoint_interval: float = EXPECTED_CHECKPOINT_INTERVAL.total_seconds()
+    """Seconds without a commit after which a live writer counts as stuck (a task may declare its own)."""
 
     @classmethod
     def from_options(
@@ -129,6 +134,9 @@ class StatefulSettings:
             restore_cache_dir=_cache_dir(get("restore_cache_dir"), what=source("restore_cache_dir")),
             restore_cache_max_bytes=integer(
                 "restore_cache_max_bytes", RESTORE_CACHE_MAX_BYTES, minimum=0, maximum=1 << 50
+            ),
+            expected_checkpoint_interval=seconds(
+                "expected_checkpoint_interval", EXPECTED_CHECKPOINT_INTERVAL.total_seconds(), minimum=1
             ),
         )
 

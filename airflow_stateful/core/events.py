@@ -11,7 +11,13 @@ Events and their fields (all fields are plain ``str``/``int``/``float``):
   ``duration`` (seconds, monotonic clock);
 * ``restore``: ``identity``, ``seq``, ``bytes``, ``files``, ``duration``;
 * ``fenced``: ``identity``, ``epoch`` (the refused writer's), ``action``;
-* ``resume``: ``identity``, ``seq``, ``schema_version``.
+* ``resume``: ``identity``, ``seq``, ``schema_version``;
+* ``commit_failed``: ``identity``, ``error`` (the exception's class name) — a commit that raised for any reason
+  but fencing (fencing is ``fenced``);
+* ``progress``: ``identity``, ``since_progress`` (seconds since this writer last committed, or took the lease),
+  ``expected_interval`` (seconds), ``stuck`` (1 when ``since_progress`` is past ``expected_interval``, else 0) —
+  sent by a writer's heartbeat after every renewal, so a live writer that stopped committing is seen;
+* ``published``: ``identity``, ``seq``, ``outputs`` (how many outputs that commit made visible), ``bytes``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ COMMIT = "commit"
 RESTORE = "restore"
 FENCED = "fenced"
 RESUME = "resume"
-EVENTS = (COMMIT, RESTORE, FENCED, RESUME)
+COMMIT_FAILED = "commit_failed"
+PROGRESS = "progress"
+PUBLISHED = "published"
+EVENTS = (COMMIT, RESTORE, FENCED, RESUME, COMMIT_FAILED, PROGRESS, PUBLISHED)
 
 Listener = Callable[[str, Mapping[str, Any]], None]
 

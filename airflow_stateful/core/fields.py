@@ -53,6 +53,17 @@ class Fields:
     def optional_integer(self, name: str, *, minimum: int = 0, maximum: int = MAX_INT) -> int | None:
         return None if self.body.get(name) is None else self.integer(name, minimum=minimum, maximum=maximum)
 
+    def optional_number(
+        self, name: str, *, minimum: float = 0.0, maximum: float = float(MAX_INT)
+    ) -> float | None:
+        """A JSON number (integer or finite float) within bounds, as a float; ``None`` when absent."""
+        value = self.body.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not minimum <= value <= maximum:
+            raise self._bad(name, f"a number from {minimum:g} to {maximum:g}")
+        return float(value)
+
     def boolean(self, name: str, *, default: bool = False) -> bool:
         value = self.body.get(name, default)
         if not isinstance(value, bool):

@@ -40,7 +40,13 @@ class Lease:
 
 
 def new_lease_record(
-    *, epoch: int, holder: WriterInfo, now: float, ttl: float, token: str | None = None
+    *,
+    epoch: int,
+    holder: WriterInfo,
+    now: float,
+    ttl: float,
+    token: str | None = None,
+    expected_interval: float | None = None,
 ) -> LeaseRecord:
     return LeaseRecord(
         token=token or uuid.uuid4().hex,
@@ -48,6 +54,7 @@ def new_lease_record(
         holder=holder,
         acquired_at=utcnow_iso(now),
         expires_at=utcnow_iso(now + ttl),
+        expected_interval=expected_interval,
     )
 
 
@@ -103,11 +110,13 @@ def acquire_decision(
     steal: bool,
     token: str,
     grace: float = 0.0,
+    expected_interval: float | None = None,
 ) -> HeadRecord:
     """The head after ``holder`` takes the lease, or LeaseHeldError if a live lease stands and ``steal`` is off.
 
     ``token`` is chosen once per acquire, so a retried attempt recognises its own lease in the head.
     ``grace``: how long past its expiry a lease still counts as held (maintenance passes the lease grace).
+    ``expected_interval``: how often the holder means to commit, recorded for stuck-work detection.
     """
     if head is not None and head.lease is not None and head.lease.token == token:
         return head
@@ -120,7 +129,9 @@ def acquire_decision(
             f"with `airflow-stateful unlock {identity}`."
         )
     epoch = base.epoch + 1
-    record = new_lease_record(epoch=epoch, holder=holder, now=now, ttl=ttl, token=token)
+    record = new_lease_record(
+        epoch=epoch, holder=holder, now=now, ttl=ttl, token=token, expected_interval=expected_interval
+    )
     return base.evolve(epoch=epoch, lease=record)
 
 

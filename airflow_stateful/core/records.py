@@ -22,10 +22,16 @@ from typing import Any
 from airflow_stateful.core.errors import CheckpointCorruptError, FormatVersionError
 from airflow_stateful.core.fields import Fields
 from airflow_stateful.core.integrity import SIGNATURE_FIELD, HeadSigner
+from airflow_stateful.core.outputs import OutputRecord, outputs_from_json
 from airflow_stateful.core.trees import TreeRef
 
-FORMAT_VERSION = 2
-"""2: content-addressed trees and chunks, inline manifests. Readers read 1 and 2; format 1 readers refuse 2."""
+FORMAT_VERSION = 3
+"""The newest format this library reads and writes. 2: content-addressed trees and chunks, inline manifests.
+3: published outputs (an outputs tree every kept checkpoint references). A head or manifest is written as 3 only
+when it carries outputs, so a writer that never publishes stays readable by the releases that read 2; a release
+that reads only 2 refuses a head with outputs instead of collecting the objects it cannot see are referenced."""
+PLAIN_FORMAT = 2
+"""The format of a head or manifest without outputs."""
 
 MAX_HEAD_BYTES = 2 * 1024 * 1024
 """A head record larger than this is refused unread (a thousand kept checkpoints take about 1.2 MiB)."""
@@ -37,6 +43,8 @@ MAX_FILES = 1_000_000
 """Most files one checkpoint may hold."""
 MAX_PATH = 4096
 """Longest relative file path inside a checkpoint (PATH_MAX)."""
+MAX_EXPECTED_INTERVAL = 366 * 86400.0
+"""Longest ``expected_checkpoint_interval`` a lease may declare (a year, in seconds)."""
 
 _CODEC = re.compile(r"^[a-z][a-z0-9_-]{0,15}$")
 
@@ -97,6 +105,8 @@ class WriterInfo:
     host: str | None = None
     pod: str | None = None
     pid: int | None = None
+    #: The Kubernetes node the writer ran on (``NODE_NAME``, from the downward API): where its restore cache is.
+    node: str | None = None
 
     @classmethod
     def current(cls, **known: Any) -> WriterInfo:
@@ -106,6 +116,7 @@ class WriterInfo:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "pod": os.environ.get("POD_NAME") or (os.environ.get("HOSTNAME") if in_pod else None),
+            "node": os.environ.get("NODE_NAME") or None,
         }
         base.update({k: v for k, v in known.items() if v is not None})
         return cls(**base)
@@ -127,6 +138,7 @@ class WriterInfo:
             host=f.optional_text("host", max_len=255),
             pod=f.optional_text("pod", max_len=253),
             pid=f.optional_integer("pid"),
+            node=f.optional_text("node", max_len=253),
         )
 
     def describe(self) -> str:
@@ -148,7 +160,9 @@ class LeaseRecord:
 
     ``expires_at`` is the last renewal (or commit, or the acquisition) plus the lease's ttl, on the clock of
     the writer that renewed it; ``renewed_at`` is that renewal's time, for people and tools (records written
-    before renewals were recorded read it as ``acquired_at``).
+    before renewals were recorded read it as ``acquired_at``). ``expected_interval`` is how often the holder
+    declared it commits (seconds; its task's ``expected_checkpoint_interval``), so that anyone reading the head
+    can tell a holder that is alive but makes no progress (*stuck*, :mod:`airflow_stateful.core.status`).
     """
 
     token: str
@@ -157,6 +171,7 @@ class LeaseRecord:
     acquired_at: str
     expires_at: str
     renewed_at: str = ""
+    expected_interval: float | None = None
 
     @property
     def last_renewed(self) -> str:
@@ -180,6 +195,8 @@ class LeaseRecord:
         }
         if self.renewed_at:
             body["renewed_at"] = self.renewed_at
+        if self.expected_interval is not None:
+            body["expected_checkpoint_interval"] = self.expected_interval
         return body
 
     @classmethod
@@ -192,6 +209,9 @@ class LeaseRecord:
             acquired_at=f.time("acquired_at"),
             expires_at=f.time("expires_at"),
             renewed_at=f.optional_time("renewed_at") or "",
+            expected_interval=f.optional_number(
+                "expected_checkpoint_interval", minimum=1.0, maximum=MAX_EXPECTED_INTERVAL
+            ),
         )
 
 
@@ -202,7 +222,8 @@ class CheckpointEntry:
     A small manifest rides *inline* in the entry (``inline``: its body, protected by the head's own checksum and
     signature), so a small commit is one conditional write of the head; a larger one is an object
     (``manifest``, with its SHA-256 and size). ``tree`` names the content-addressed file tree (format 2);
-    ``data_refs`` the commit folders of format-1 file data.
+    ``data_refs`` the commit folders of format-1 file data. ``outputs_tree`` names the tree of the outputs
+    committed so far (format 3), so that GC, reading only heads, keeps their chunks.
     """
 
     seq: int
@@ -219,6 +240,7 @@ class CheckpointEntry:
     data_refs: tuple[str, ...] = ()
     tree: TreeRef | None = None
     inline: dict[str, Any] | None = None
+    outputs_tree: TreeRef | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -239,6 +261,8 @@ class CheckpointEntry:
             )
         if self.tree is not None:
             body["tree"] = self.tree.to_json()
+        if self.outputs_tree is not None:
+            body["outputs_tree"] = self.outputs_tree.to_json()
         return body
 
     @classmethod
@@ -255,6 +279,12 @@ class CheckpointEntry:
         refs = f.items("data_refs", max_items=MAX_KEPT + 1, default=default_refs)
         for ref in refs:
             Fields({"data_refs": ref}, what=what).hex32("data_refs")
+        outputs_body = f.optional_mapping("outputs_tree")
+        outputs_tree = (
+            TreeRef.from_json(outputs_body, identity=identity, what=f"{what} outputs tree")
+            if outputs_body
+            else None
+        )
         inline = f.optional_mapping("inline")
         if inline is not None:
             if f.has("manifest"):
@@ -262,6 +292,10 @@ class CheckpointEntry:
             manifest = Manifest.from_json(inline, identity=identity, what=f"{what} inline manifest")
             if (manifest.seq, manifest.commit_id) != (seq, commit_id):
                 raise CheckpointCorruptError(f"{what}: its inline manifest is of another checkpoint")
+            if manifest.outputs_tree != outputs_tree:
+                raise CheckpointCorruptError(
+                    f"{what}: its inline manifest names other outputs than the entry"
+                )
             key = sha = size = None
         else:
             key = f.equal("manifest", manifest_key(identity, seq, commit_id))
@@ -281,6 +315,7 @@ class CheckpointEntry:
             data_refs=tuple(refs),
             tree=tree,
             inline=inline,
+            outputs_tree=outputs_tree,
         )
 
 
@@ -294,7 +329,12 @@ class HeadRecord:
     lease: LeaseRecord | None = None
     checkpoints: tuple[CheckpointEntry, ...] = ()
     updated_at: str = ""
-    format: int = FORMAT_VERSION
+    format: int = PLAIN_FORMAT
+
+    @property
+    def written_format(self) -> int:
+        """The format this head must be written in: 3 while a kept checkpoint has outputs, else 2."""
+        return FORMAT_VERSION if any(e.outputs_tree for e in self.checkpoints) else PLAIN_FORMAT
 
     @property
     def latest(self) -> CheckpointEntry | None:
@@ -431,8 +471,11 @@ class Manifest:
     value_codec: str = "json"
     library_version: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    format: int = FORMAT_VERSION
+    format: int = PLAIN_FORMAT
     tree: TreeRef | None = None
+    #: Outputs committed so far (:mod:`airflow_stateful.core.outputs`), by name; their files are in ``outputs_tree``.
+    outputs: dict[str, OutputRecord] = field(default_factory=dict)
+    outputs_tree: TreeRef | None = None
 
     @property
     def total_size(self) -> int:
@@ -465,6 +508,9 @@ class Manifest:
         }
         if self.tree is not None:
             body["tree"] = self.tree.to_json()
+        if self.outputs_tree is not None:
+            body["outputs_tree"] = self.outputs_tree.to_json()
+            body["outputs"] = {name: record.to_json() for name, record in sorted(self.outputs.items())}
         return body
 
     def to_bytes(self) -> bytes:
@@ -490,6 +536,12 @@ class Manifest:
         f.equal("identity", identity)
         files = f.items("files", max_items=MAX_FILES, default=[])
         tree = f.optional_mapping("tree")
+        outputs_tree = f.optional_mapping("outputs_tree")
+        outputs = outputs_from_json(f.mapping("outputs", default={}), what=what)
+        if bool(outputs) != (outputs_tree is not None):
+            raise CheckpointCorruptError(
+                f"{what}: 'outputs' and 'outputs_tree' must be both present or both absent"
+            )
         return cls(
             identity=identity,
             seq=f.integer("seq", minimum=1),
@@ -509,5 +561,9 @@ class Manifest:
             format=f.integer("format", minimum=1),
             tree=TreeRef.from_json(tree, identity=identity, what=f"{what} tree")
             if tree is not None
+            else None,
+            outputs=outputs,
+            outputs_tree=TreeRef.from_json(outputs_tree, identity=identity, what=f"{what} outputs tree")
+            if outputs_tree is not None
             else None,
         )

@@ -15,7 +15,6 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,7 @@ from airflow_stateful.core.files import check_distinct_paths, check_restore_targ
 from airflow_stateful.core.progress import TransferProgress
 from airflow_stateful.core.records import Manifest, manifest_key
 from airflow_stateful.core.transfer import download_files
-from airflow_stateful.core.trees import ChunkRef
+from airflow_stateful.core.trees import ChunkRef, TreeFile
 
 if TYPE_CHECKING:
     from airflow_stateful.core.checkpoint_store import CheckpointStore
@@ -49,15 +48,30 @@ def restore_files(
     checkpoints: CheckpointStore, manifest: Manifest, dest: str | Path, *, cache: ChunkCache | None = None
 ) -> list[Path]:
     """Download ``manifest``'s files into directory ``dest``, verified, all or nothing; the restored paths."""
+    where = manifest_key(checkpoints.identity.key, manifest.seq, manifest.commit_id)
+    tree = checkpoints.tree(manifest)
+    if tree is not None:
+        return restore_tree_files(
+            checkpoints,
+            list(tree.files),
+            dest,
+            where=where,
+            label=str(checkpoints.identity),
+            seq=manifest.seq,
+            cache=cache,
+        )
+    return _restore_legacy(checkpoints, manifest, Path(dest), where=where)
+
+
+def _restore_legacy(
+    checkpoints: CheckpointStore, manifest: Manifest, dest: Path, *, where: str
+) -> list[Path]:
+    """Format 1: whole-file objects, each through the store's verifying download."""
     started = time.monotonic()
-    dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     recover_interrupted(dest)
     identity = checkpoints.identity
-    where = manifest_key(identity.key, manifest.seq, manifest.commit_id)
-    tree = checkpoints.tree(manifest)
-    paths = [f.path for f in tree.files] if tree is not None else [f.path for f in manifest.files]
-    rels = [safe_relative(path, manifest_key=where) for path in paths]
+    rels = [safe_relative(f.path, manifest_key=where) for f in manifest.files]
     check_distinct_paths(rels, manifest_key=where)
     check_restore_targets(dest, rels)
     total = manifest.total_size
@@ -67,42 +81,82 @@ def restore_files(
             label=f"restoring {len(rels)} file(s) of {identity}", total_bytes=total, logger=log
         )
     staging = dest / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
-    incoming = staging / "new"
     try:
-        if tree is not None:
-            get: Callable[[ChunkRef], bytes | None] | None = cache.get if cache is not None else None
-            download_files(
-                checkpoints.store,
-                files=[(f, incoming / rel) for f, rel in zip(tree.files, rels, strict=True)],
-                workers=checkpoints.parallelism,
-                cached=get,
-                remember=cache.put if cache is not None else None,
-                progress=progress,
-            )
-        else:
-            for rel, entry in zip(rels, manifest.files, strict=True):
-                try:
-                    checkpoints.store.download_file(
-                        entry.key, incoming / rel, size=entry.size, sha256=entry.sha256, progress=progress
-                    )
-                except ObjectNotFoundError as exc:
-                    raise CheckpointCorruptError(
-                        f"file {entry.path!r} of checkpoint {manifest.seq} of {identity} is missing: {exc}. "
-                        "Nothing was restored."
-                    ) from exc
+        for rel, entry in zip(rels, manifest.files, strict=True):
+            try:
+                checkpoints.store.download_file(
+                    entry.key, staging / "new" / rel, size=entry.size, sha256=entry.sha256, progress=progress
+                )
+            except ObjectNotFoundError as exc:
+                raise CheckpointCorruptError(
+                    f"file {entry.path!r} of checkpoint {manifest.seq} of {identity} is missing: {exc}. "
+                    "Nothing was restored."
+                ) from exc
         restored = _swap_in(dest, staging, rels)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if progress:
         progress.finish()
+    _restored_event(checkpoints, seq=manifest.seq, total=total, files=len(restored), started=started)
+    return restored
+
+
+def _restored_event(
+    checkpoints: CheckpointStore, *, seq: int, total: int, files: int, started: float
+) -> None:
     events.emit(
         events.RESTORE,
-        identity=identity.key,
-        seq=manifest.seq,
+        identity=checkpoints.identity.key,
+        seq=seq,
         bytes=total,
-        files=len(restored),
+        files=files,
         duration=time.monotonic() - started,
     )
+
+
+def restore_tree_files(
+    checkpoints: CheckpointStore,
+    files: list[TreeFile],
+    dest: str | Path,
+    *,
+    where: str,
+    label: str,
+    seq: int,
+    cache: ChunkCache | None = None,
+) -> list[Path]:
+    """Download ``files`` (tree entries: relative path, size, chunks) into ``dest``, verified, all or nothing.
+
+    A checkpoint's tree, or a published output's files. ``where`` names the record in errors, ``label`` what is
+    restored in progress lines."""
+    started = time.monotonic()
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    recover_interrupted(dest)
+    rels = [safe_relative(f.path, manifest_key=where) for f in files]
+    check_distinct_paths(rels, manifest_key=where)
+    check_restore_targets(dest, rels)
+    total = sum(f.size for f in files)
+    progress = None
+    if total >= PROGRESS_MIN_BYTES:
+        progress = TransferProgress(
+            label=f"restoring {len(rels)} file(s) of {label}", total_bytes=total, logger=log
+        )
+    staging = dest / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
+    try:
+        download_files(
+            checkpoints.store,
+            files=[(f, staging / "new" / rel) for f, rel in zip(files, rels, strict=True)],
+            workers=checkpoints.parallelism,
+            cached=cache.get if cache is not None else None,
+            remember=cache.put if cache is not None else None,
+            progress=progress,
+        )
+        restored = _swap_in(dest, staging, rels)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if progress:
+        progress.finish()
+    _restored_event(checkpoints, seq=seq, total=total, files=len(restored), started=started)
     return restored
 
 

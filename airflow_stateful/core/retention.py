@@ -91,14 +91,15 @@ def references(head: HeadRecord | None, *, trees: Callable[[TreeRef], Tree] | No
     for entry in head.checkpoints:
         if entry.manifest is not None:
             keys.add(entry.manifest)
-        if entry.tree is not None:
-            keys.add(entry.tree.key)
-            if trees is not None:
-                keys.update(trees(entry.tree).chunk_keys())
+        for tree in (entry.tree, entry.outputs_tree):  # the checkpoint's files, and the outputs it carries
+            if tree is not None:
+                keys.add(tree.key)
+                if trees is not None:
+                    keys.update(trees(tree).chunk_keys())
     return References(
         keys=frozenset(keys),
         data_commits=frozenset(ref for e in head.checkpoints for ref in e.data_refs),
-        chunks_known=trees is not None or not any(e.tree for e in head.checkpoints),
+        chunks_known=trees is not None or not any(e.tree or e.outputs_tree for e in head.checkpoints),
     )
 
 

@@ -43,7 +43,9 @@ from airflow_stateful.core.errors import (
 )
 from airflow_stateful.core.lease import Lease, check_holder
 from airflow_stateful.core.migrations import migrate, migration_path, validate_schema
-from airflow_stateful.core.records import Manifest, WriterInfo
+from airflow_stateful.core.outputs import StagedOutput
+from airflow_stateful.core.records import MAX_EXPECTED_INTERVAL, Manifest, WriterInfo
+from airflow_stateful.core.trees import ChunkRef
 
 log = logging.getLogger("airflow_stateful")
 
@@ -81,6 +83,10 @@ class WriterSession:
     :param heartbeat: renew the lease in a background thread (turn off only where a test drives the clock).
     :param renew_every: seconds between renewals; default ``lease_ttl / 3``. Each wait is jittered down by
         up to 20 % so writers started together do not renew in lock-step.
+    :param expected_checkpoint_interval: seconds within which this writer means to commit. Recorded in the
+        lease (so ``airflow-stateful stuck``, the UI and the sensor can tell a stuck writer from a dead one), and
+        checked by the heartbeat, which logs a warning and reports ``stateful.stuck`` once it is exceeded.
+        Default: ``[stateful] expected_checkpoint_interval`` as readers apply it (not recorded).
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class WriterSession:
         heartbeat: bool = True,
         renew_every: float | None = None,
         release_on_close: bool | None = None,
+        expected_checkpoint_interval: float | None = None,
     ) -> None:
         self.migrations = validate_schema(schema_version, migrations)
         if on_incompatible not in ON_INCOMPATIBLE:
@@ -112,6 +119,18 @@ class WriterSession:
             raise ValueError(
                 f"renew_every must be between 0 and the lease ttl ({ttl:g} s), not {renew_every!r}"
             )
+        if expected_checkpoint_interval is not None and (
+            isinstance(expected_checkpoint_interval, bool)
+            or not isinstance(expected_checkpoint_interval, (int, float))
+            or not 1 <= expected_checkpoint_interval <= MAX_EXPECTED_INTERVAL
+        ):
+            raise InvalidValueError(
+                "expected_checkpoint_interval must be from 1 second to a year, not "
+                f"{expected_checkpoint_interval!r}"
+            )
+        self.expected_interval = (
+            float(expected_checkpoint_interval) if expected_checkpoint_interval is not None else None
+        )
         self.checkpoints = checkpoints
         self.identity = checkpoints.identity
         self.writer = writer
@@ -140,6 +159,10 @@ class WriterSession:
         self._latest: Manifest | None = None
         self._value: Any = None
         self._in_doubt: tuple[Manifest, Any] | None = None  # a commit whose outcome was unknown
+        #: Outputs published since the last commit, by name: made visible by the next commit (see publish()).
+        self._staged: dict[str, StagedOutput] = {}
+        self._progress_at = time.monotonic()  # the last commit of this session, or its start
+        self._stuck_reported = False
 
     def __repr__(self) -> str:
         return f"WriterSession(identity={self.identity.key!r}, lease={self._lease and self._lease.epoch})"
@@ -195,7 +218,10 @@ class WriterSession:
             # Prove the adopted lease is still ours (and learn its real expiry) before doing any work.
             self._lease = self.checkpoints.renew(self._adopted)
         else:
-            self._lease = self.checkpoints.acquire(holder=self.writer, steal=self.steal)
+            self._lease = self.checkpoints.acquire(
+                holder=self.writer, steal=self.steal, expected_interval=self.expected_interval
+            )
+        self._progress_at = sent
         self._deadline = sent + self.checkpoints.lease_ttl
         try:
             self._start_heartbeat()
@@ -316,8 +342,13 @@ class WriterSession:
         except CommitOutcomeUnknownError as exc:
             if isinstance(exc.manifest, Manifest):
                 self._in_doubt = (exc.manifest, value)
+            events.emit(events.COMMIT_FAILED, identity=self.identity.key, error=type(exc).__name__)
+            raise
+        except Exception as exc:
+            events.emit(events.COMMIT_FAILED, identity=self.identity.key, error=type(exc).__name__)
             raise
         self._latest, self._value = manifest, value
+        self._progress_at, self._stuck_reported = time.monotonic(), False
         self._confirmed(sent)
         if self.checkpoints.cleanup_due >= CLEANUP_AFTER:
             self._start_cleanup()
@@ -333,6 +364,7 @@ class WriterSession:
         if head is not None and any(e.commit_id == manifest.commit_id for e in head.checkpoints):
             log.warning("%s: checkpoint %d did land; going on from it", self.identity, manifest.seq)
             self._latest, self._value = manifest, value
+            self._staged = {n: o for n, o in self._staged.items() if manifest.outputs.get(n) is None}
         self._in_doubt = None
 
     def _commit(
@@ -345,6 +377,7 @@ class WriterSession:
         exclude: Collection[str],
         follow_symlinks: bool,
     ) -> Manifest:
+        staged = dict(self._staged)
         manifest: Manifest = self.checkpoints.commit(
             self.lease,
             value,
@@ -358,8 +391,62 @@ class WriterSession:
             exclude=exclude,
             follow_symlinks=follow_symlinks,
             check=self.ensure_alive,
+            outputs=staged,
         )
+        for name, output in staged.items():  # committed: no longer staged (unless published again meanwhile)
+            if self._staged.get(name) is output:
+                del self._staged[name]
         return manifest
+
+    # -- outputs --------------------------------------------------------------------------------------------
+    def publish(self, name: str, path: str | Path, *, follow_symlinks: bool = False) -> StagedOutput:
+        """Stage the file or directory ``path`` as output ``name``; the next :meth:`commit` makes it visible.
+
+        Its bytes are uploaded now (chunks the identity already holds are not), so the commit that publishes it
+        stays cheap, and so that what is published is the content at this call. Until that commit nobody sees
+        it; if this writer dies or is fenced first, the upload is garbage that GC collects and the retry
+        publishes again. Publishing a name again before the commit replaces the staged one; after it, the next
+        commit replaces the committed one. Raises FencedError, uploading nothing, once the lease is lost.
+        """
+        self.ensure_alive()
+        with self._write_lock:
+            staged = self.checkpoints.stage_output(
+                self.lease,
+                name,
+                path,
+                known=self._known_chunks(),
+                follow_symlinks=follow_symlinks,
+                check=self.ensure_alive,
+            )
+            self._staged[name] = staged
+        return staged
+
+    @property
+    def staged_outputs(self) -> dict[str, StagedOutput]:
+        """Outputs published since the last commit (visible only once the next commit lands)."""
+        return dict(self._staged)
+
+    def _known_chunks(self) -> dict[str, ChunkRef]:
+        """Chunks this writer may reference without uploading: its newest checkpoint's files and outputs, and
+        the outputs it staged. Best effort: a tree that cannot be read only means uploading again."""
+        known: dict[str, ChunkRef] = {}
+        latest = self._latest
+        refs = [latest.tree, latest.outputs_tree] if latest is not None else []
+        for ref in refs:
+            if ref is None:
+                continue
+            try:
+                tree = self.checkpoints._tree_of_ref(ref)
+            except Exception as exc:
+                log.warning("%s: not deduplicating against tree %s: %s", self.identity, ref.key, exc)
+                continue
+            known.update({c.sha256: c for f in tree.files for c in f.chunks})
+        for staged in self._staged.values():
+            known.update({c.sha256: c for f in staged.files for c in f.chunks})
+        return known
+
+    def _staged_keys(self) -> set[str]:
+        return {c.key for staged in self._staged.values() for f in staged.files for c in f.chunks}
 
     def _start_cleanup(self) -> None:
         """Delete what retention dropped, in the background, one cleanup at a time (commits wait for it)."""
@@ -376,7 +463,7 @@ class WriterSession:
             return
         try:
             with self._write_lock:
-                self.checkpoints.sweep(lease)
+                self.checkpoints.sweep(lease, keep=self._staged_keys())
         except Exception as exc:  # the objects stay until the next sweep or GC; never fail the writer for it
             log.warning("could not delete the objects of dropped checkpoints of %s: %s", self.identity, exc)
 
@@ -495,4 +582,31 @@ class WriterSession:
                     return  # closed meanwhile (a renewal slower than the join): do not reopen the session
                 self._lease = renewed
             self._confirmed(sent)
+            self._report_progress()
             wait = self.renew_every * random.uniform(0.8, 1.0)
+
+    def _report_progress(self) -> None:
+        """After a renewal: how long since this writer last committed, and whether that makes it stuck.
+
+        Alive (the renewal just landed) but past its expected interval is *stuck*; the first time it is, say so
+        in the task log, with what to do (see :mod:`airflow_stateful.core.status`)."""
+        expected = self.expected_interval or config.EXPECTED_CHECKPOINT_INTERVAL.total_seconds()
+        since = time.monotonic() - self._progress_at
+        stuck = since > expected
+        events.emit(
+            events.PROGRESS,
+            identity=self.identity.key,
+            since_progress=round(since, 3),
+            expected_interval=expected,
+            stuck=int(stuck),
+        )
+        if stuck and not self._stuck_reported:
+            self._stuck_reported = True
+            log.warning(
+                "STUCK? %s: no checkpoint committed for %.0f s, longer than the expected %.0f s "
+                "(expected_checkpoint_interval). The lease is still renewed, so nothing else will notice: check "
+                "what this task is waiting for.",
+                self.identity,
+                since,
+                expected,
+            )

@@ -54,6 +54,10 @@ class StatefulMixin:
     :param keep_last: checkpoints kept for this task's identity; default ``[stateful] keep_last``.
     :param value_codec: ``"json"`` (default) or ``"pickle"`` (opt-in by name; readers must opt in too).
     :param reschedule_delay: how long after a SIGTERM stop the task is rescheduled.
+    :param expected_checkpoint_interval: how often this task commits when healthy. A try that holds a live
+        lease but commits nothing for longer is *stuck* (alive, no progress): its log says so, the
+        ``stateful.stuck`` metric turns 1, and ``airflow-stateful stuck``, ``ls`` and the UI list it. Default
+        ``[stateful] expected_checkpoint_interval`` (1 hour).
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class StatefulMixin:
         keep_last: int | None = None,
         value_codec: str = JSON,
         reschedule_delay: timedelta = timedelta(seconds=5),
+        expected_checkpoint_interval: timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -84,6 +89,15 @@ class StatefulMixin:
             raise InvalidValueError(f"keep_last must be an integer from 1 to {MAX_KEPT}, not {keep_last!r}")
         if not isinstance(reschedule_delay, timedelta) or reschedule_delay < timedelta(0):
             raise InvalidValueError(f"reschedule_delay must be a timedelta >= 0, not {reschedule_delay!r}")
+        if expected_checkpoint_interval is not None and (
+            not isinstance(expected_checkpoint_interval, timedelta)
+            or not timedelta(seconds=1) <= expected_checkpoint_interval <= timedelta(days=366)
+        ):
+            raise InvalidValueError(
+                "expected_checkpoint_interval must be a timedelta from 1 second to a year, not "
+                f"{expected_checkpoint_interval!r}"
+            )
+        self.expected_checkpoint_interval = expected_checkpoint_interval
         self.on_incompatible = on_incompatible
         self.identity = identity
         self.backend_url = backend_url
@@ -122,11 +136,18 @@ class StatefulMixin:
             on_incompatible=self.on_incompatible,
             value_codec=self.value_codec,
             steal=True,
+            expected_checkpoint_interval=self.expected_interval_seconds(hook),
         )
         try:
             return session.open()
         except (IncompatibleStateError, MigrationError, InvalidValueError) as exc:
             raise AirflowFailException(str(exc)) from exc
+
+    def expected_interval_seconds(self, hook: StateHook) -> float:
+        """The task's ``expected_checkpoint_interval``, or ``[stateful] expected_checkpoint_interval``."""
+        if self.expected_checkpoint_interval is not None:
+            return self.expected_checkpoint_interval.total_seconds()
+        return hook.settings.expected_checkpoint_interval
 
     def reschedule(self, reason: object) -> AirflowRescheduleException:
         """End this try by rescheduling it (a stop that does not use a retry)."""

@@ -54,6 +54,10 @@ class StatefulOperator(StatefulMixin, BaseOperator):
     :param checkpoint_every: default for ``state.resume()``: commit after this many finished items.
     :param checkpoint_interval: default for ``state.resume()``: commit at least this often.
     :param on_success: ``"keep"`` (default) the state after success, or ``"delete"`` it.
+    :param output_asset_events: when the task has ``outlets``, put the outputs this run committed
+        (``state.publish``) in the ``extra`` of each outlet's asset event, under ``"stateful_outputs"``
+        (default True). Airflow emits those events only when the task succeeds, after every output was
+        committed, so a DAG scheduled on the asset runs on committed outputs only.
     """
 
     template_fields: Sequence[str] = STATEFUL_TEMPLATE_FIELDS
@@ -64,6 +68,7 @@ class StatefulOperator(StatefulMixin, BaseOperator):
         checkpoint_every: int | None = None,
         checkpoint_interval: timedelta | None = None,
         on_success: str = "keep",
+        output_asset_events: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -83,6 +88,7 @@ class StatefulOperator(StatefulMixin, BaseOperator):
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval = checkpoint_interval
         self.on_success = on_success
+        self.output_asset_events = bool(output_asset_events)
         self._state: TaskState | None = None
         self._stop_early = False
 
@@ -115,12 +121,17 @@ class StatefulOperator(StatefulMixin, BaseOperator):
                     # (save(wait=False)); if it failed, its error fails this try and the retry resumes from
                     # the last checkpoint that landed.
                     state.wait_for_save()
+                    if state.staged_outputs:
+                        log.info("committing the outputs still staged (%s)", ", ".join(state.staged_outputs))
+                        state.save(state.value)
                 except StopRequested as stop:
                     _settle_background_save(state)
                     raise self.reschedule(stop) from stop
                 except BaseException:
                     _settle_background_save(state)
                     raise
+                if self.output_asset_events:
+                    attach_outputs_to_outlets(self, context, state)
                 if self.on_success == "delete":
                     session.purge()
                 return result
@@ -135,6 +146,41 @@ class StatefulOperator(StatefulMixin, BaseOperator):
         self._stop_early = True
         if self._state is not None:
             self._state.request_stop()
+
+
+def outputs_event_extra(context: Any, state: TaskState) -> dict[str, Any]:
+    """What an outlet's asset event carries about the outputs: the identity, the checkpoint, and the outputs
+    committed in this DAG run (an identity named across runs also lists earlier runs' outputs; those are not
+    news to a downstream DAG)."""
+    run_id = context["dag_run"].run_id
+    checkpoint = state.checkpoint
+    return {
+        "identity": str(state.identity),
+        "seq": checkpoint.seq if checkpoint else None,
+        "outputs": {
+            name: info.to_json() for name, info in state.outputs().items() if info.run_id in (None, run_id)
+        },
+    }
+
+
+def attach_outputs_to_outlets(task: BaseOperator, context: Any, state: TaskState) -> None:
+    """Put :func:`outputs_event_extra` in the ``extra`` of the asset event of each of ``task``'s outlets."""
+    outlets = list(getattr(task, "outlets", None) or [])
+    if not outlets:
+        return
+    extra = outputs_event_extra(context, state)
+    events = context["outlet_events"]
+    for outlet in outlets:
+        try:
+            events[outlet].extra["stateful_outputs"] = extra
+        except (KeyError, TypeError, AttributeError) as exc:  # an outlet kind without events (a plain URI?)
+            log.warning("no asset event extra for outlet %r: %s", outlet, exc)
+    log.info(
+        "the asset event(s) of %d outlet(s) list %d output(s) committed in this run: %s",
+        len(outlets),
+        len(extra["outputs"]),
+        ", ".join(extra["outputs"]) or "none",
+    )
 
 
 def _settle_background_save(state: TaskState) -> None:

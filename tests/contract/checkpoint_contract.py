@@ -23,7 +23,7 @@ from airflow_stateful.core.errors import (
     InvalidValueError,
     LeaseHeldError,
 )
-from airflow_stateful.core.records import HEAD_NAME, canonical_json, sha256_hex
+from airflow_stateful.core.records import FORMAT_VERSION, HEAD_NAME, canonical_json, sha256_hex
 from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.stores.base import ObjectStore
 from contract.faults import CrashingStore, FakeClock, SimulatedCrash
@@ -183,8 +183,9 @@ class CheckpointStoreContract:
 
     def test_newer_format_is_refused_not_guessed(self, store: ObjectStore) -> None:
         key = f"{IDENTITY.key}/{HEAD_NAME}"
+        newer = FORMAT_VERSION + 1
         body = {
-            "format": 3,
+            "format": newer,
             "identity": IDENTITY.key,
             "epoch": 1,
             "next_seq": 1,
@@ -193,7 +194,7 @@ class CheckpointStoreContract:
         }
         body["checksum"] = sha256_hex(canonical_json(body))
         store.put(key, canonical_json(body))
-        with pytest.raises(FormatVersionError, match="format 3"):
+        with pytest.raises(FormatVersionError, match=f"format {newer}"):
             make(store).latest()
 
     # -- leases and fencing --------------------------------------------------------------------------------
