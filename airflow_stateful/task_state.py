@@ -266,6 +266,11 @@ class TaskState:
         return self._session.identity
 
     @property
+    def store_url(self) -> str:
+        """Where the state lives (``s3://bucket/prefix`` or ``file:///path``; never a credential)."""
+        return self._session.checkpoints.store.url
+
+    @property
     def resumed(self) -> bool:
         """True when this try started from a checkpoint written earlier (by an earlier try or run)."""
         return self._resumed
@@ -297,7 +302,8 @@ class TaskState:
 
         Pass it to a system that deduplicates (an upsert key, an idempotency header, a message deduplication
         id, a Kafka transactional id prefix): a retry redoing the work after the last checkpoint sends the same
-        key, and the system drops the repeat. Different for another run, task or map index, and for another
+        key, and the system drops the repeat. Different for another run (unless the identity is named: it spans
+        runs), task or map index, and for another
         name: name each effect (``f"invoice-{n}"``). See :mod:`airflow_stateful.core.effects`.
         """
         return effect_key(self._session.identity, name)

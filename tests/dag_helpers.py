@@ -54,11 +54,14 @@ def load_dag_module(path: Path) -> ModuleType:
     return module
 
 
-def find_dag(module: ModuleType) -> Any:
+def find_dag(module: ModuleType, dag_id: str | None = None) -> Any:
+    """The module's only DAG, or the one with ``dag_id`` (a file may define a producer and its consumer)."""
     from airflow.sdk import DAG
 
-    dags = [v for v in vars(module).values() if isinstance(v, DAG)]
-    assert len(dags) == 1, f"{module.__file__} defines {len(dags)} DAG objects"
+    dags = [v for v in vars(module).values() if isinstance(v, DAG) and dag_id in (None, v.dag_id)]
+    assert len(dags) == 1, f"{module.__file__} defines {len(dags)} DAG objects" + (
+        f" {dag_id!r}" if dag_id else ""
+    )
     return dags[0]
 
 

@@ -196,6 +196,18 @@ class LocalChunkCache(ChunkCache):
         self._count(hits=1, hit_bytes=len(data))
         return data
 
+    def holds(self, chunk: ChunkRef) -> bool:
+        """Whether a file of the chunk's size is here (a stat, no read: for telling a warm cache from a cold one;
+        :meth:`get` still verifies the bytes before any are used)."""
+        root = self._root()
+        if root is None or not self._reads or not _SHA256.fullmatch(chunk.sha256):
+            return False
+        try:
+            info = os.stat(_name(chunk.sha256), dir_fd=root, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISREG(info.st_mode) and info.st_size == chunk.size
+
     def put(self, chunk: ChunkRef, data: bytes) -> None:
         """Keep ``data`` as the chunk (the caller verified it; :meth:`get` verifies it again anyway)."""
         root = self._root()

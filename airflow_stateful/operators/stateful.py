@@ -31,9 +31,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_stateful.core.chunk_cache import restore_cache_for
+from airflow_stateful.core.chunk_cache import LocalChunkCache, restore_cache_for
 from airflow_stateful.core.errors import InvalidValueError, StopRequested
-from airflow_stateful.core.session import describe_checkpoint
+from airflow_stateful.core.placement import warmth
+from airflow_stateful.core.session import WriterSession, describe_checkpoint
 from airflow_stateful.operators.mixin import STATEFUL_TEMPLATE_FIELDS, StatefulMixin, check_choice
 from airflow_stateful.task_state import TaskState
 
@@ -113,6 +114,8 @@ class StatefulOperator(StatefulMixin, BaseOperator):
                     restore_cache=cache,
                 )
                 self._state = state
+                if cache is not None:
+                    log_cache_warmth(session, cache)
                 if self._stop_early:
                     state.request_stop()
                 try:
@@ -148,6 +151,20 @@ class StatefulOperator(StatefulMixin, BaseOperator):
             self._state.request_stop()
 
 
+def log_cache_warmth(session: WriterSession, cache: LocalChunkCache) -> None:
+    """Say whether this worker's restore cache holds the checkpoint the try resumes from (see
+    :mod:`airflow_stateful.core.placement`). Never fails the try."""
+    latest = session.latest
+    if latest is None or not latest.has_files:
+        return
+    try:
+        tree = session.checkpoints.tree(latest)
+        if tree is not None:
+            log.info("%s", warmth(latest, tree, cache, here=session.writer).describe())
+    except Exception as exc:
+        log.warning("could not tell whether the restore cache is warm: %s", exc)
+
+
 def outputs_event_extra(context: Any, state: TaskState) -> dict[str, Any]:
     """What an outlet's asset event carries about the outputs: the identity, the checkpoint, and the outputs
     committed in this DAG run (an identity named across runs also lists earlier runs' outputs; those are not
@@ -155,6 +172,7 @@ def outputs_event_extra(context: Any, state: TaskState) -> dict[str, Any]:
     run_id = context["dag_run"].run_id
     checkpoint = state.checkpoint
     return {
+        "store": state.store_url,
         "identity": str(state.identity),
         "seq": checkpoint.seq if checkpoint else None,
         "outputs": {
