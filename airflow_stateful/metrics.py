@@ -4,9 +4,9 @@ Metrics go wherever Airflow's ``[metrics]`` section sends them (StatsD, Datadog,
 module only names them. Tags carry ``dag_id`` and ``task_id`` when the identity is a task's, never the run
 id or the identity key (unbounded cardinality). Backends without tags (plain StatsD) drop them.
 
-:data:`METRICS` is the one list of every metric this package emits (the table below is generated from the
-same names; ``deploy/`` builds its Prometheus rules and Grafana dashboard on them, and a test checks that
-they reference nothing else). Writers emit the per-task ones; the GC operator and the stuck check emit the
+:data:`METRICS` is the one list of every metric this package emits. docs/observability.md describes each one
+(and its StatsD and Prometheus names); ``deploy/`` builds its Prometheus rules and Grafana dashboard on them,
+and tests/test_alert_rules.py checks that they reference nothing else and miss none. Writers emit the per-task ones; the GC operator and the stuck check emit the
 fleet-wide gauges (``stateful.gc.*``, ``stateful.idle_*``, ``stateful.stuck_identities``).
 """
 

@@ -5,6 +5,9 @@ purges, idle identities and expired task state documents do not pile up in the b
 policy engine is :mod:`airflow_stateful.core.gc`; this operator only opens the store through
 :class:`~airflow_stateful.hooks.state.StateHook` and logs progress (a task log is not a terminal, so
 progress is a few log lines).
+
+After planning it sends the store's garbage backlog and idle footprint as gauges, and after a real run what it
+deleted as counters (:mod:`airflow_stateful.metrics`; docs/observability.md has the alerts built on them).
 """
 
 from __future__ import annotations
@@ -16,12 +19,52 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_stateful import metrics
 from airflow_stateful.core.durations import parse_duration
-from airflow_stateful.core.gc import DEFAULT_MIN_AGE, apply_gc, group_by_identity, plan_gc
+from airflow_stateful.core.gc import (
+    DEFAULT_MIN_AGE,
+    GARBAGE,
+    ORPHAN,
+    GcPlan,
+    apply_gc,
+    group_by_identity,
+    plan_gc,
+)
 from airflow_stateful.core.item_progress import ItemProgress
+from airflow_stateful.core.retention import IdleFor
+from airflow_stateful.core.usage import DEFAULT_PRICE_PER_GB_MONTH, GB
 from airflow_stateful.hooks.state import StateHook
 
 log = logging.getLogger("airflow_stateful")
+
+GARBAGE_REASONS = (GARBAGE, ORPHAN)
+"""Plan reasons that are garbage (objects nothing references: crashed commits, half-done purges), as opposed
+to policy (``retention``, ``idle``, ``expired-state``): what ``stateful.gc.garbage_*`` count."""
+
+
+def garbage_backlog(plan: GcPlan) -> tuple[int, int]:
+    """Objects and bytes of the plan's garbage (:data:`GARBAGE_REASONS`), older than ``min_age``."""
+    objects = size = 0
+    for item in plan.identities:
+        for reason in GARBAGE_REASONS:
+            keys = item.reasons.get(reason, ())
+            objects += len(keys)
+            size += sum(item.objects[k].size for k in keys if k in item.objects)
+    return objects, size
+
+
+def idle_footprint(plan: GcPlan, idle_for: timedelta) -> tuple[int, int]:
+    """Identities whose head was not updated for longer than ``idle_for``, and every byte they hold.
+
+    Counts those a held lease keeps from deletion too: they are billed all the same.
+    """
+    idle = IdleFor(idle_for)
+    identities = size = 0
+    for item in plan.identities:
+        if item.head is not None and idle.due(item.head, plan.now):
+            identities += 1
+            size += sum(info.size for info in item.objects.values())
+    return identities, size
 
 
 class StatefulGCOperator(BaseOperator):
@@ -39,6 +82,15 @@ class StatefulGCOperator(BaseOperator):
     :param conn_id: Airflow connection with S3 credentials, default ``[stateful] conn_id``.
     :param prefix: only identities whose key starts with this, e.g. ``"my_dag/"`` (templated). Expired task
         state documents are only collected when ``prefix`` is empty.
+    :param price_per_gb_month: storage price for ``stateful.idle_monthly_cost`` and the report's
+        ``idle_monthly_cost`` (default 0.023, S3 Standard in USD).
+
+    Metrics (Airflow ``Stats``, no tags: they describe the store, or the part under ``prefix``): after
+    planning, ``stateful.gc.garbage_objects``/``garbage_bytes`` (unreferenced objects older than ``min_age``:
+    crash garbage and orphans, what this pass deletes unless a live lease or a change since the plan stops it)
+    and, when ``idle_for`` is set, ``stateful.idle_bytes``/``idle_monthly_cost`` (every byte of identities idle
+    longer than ``idle_for``); after a real run, ``stateful.gc.deleted_objects``/``deleted_bytes`` (counters).
+    The report holds the same numbers.
     """
 
     template_fields: Sequence[str] = ("idle_for", "prefix", "backend_url")
@@ -53,9 +105,12 @@ class StatefulGCOperator(BaseOperator):
         backend_url: str | None = None,
         conn_id: str | None = None,
         prefix: str = "",
+        price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if not price_per_gb_month >= 0:
+            raise ValueError(f"price_per_gb_month must be a number >= 0, not {price_per_gb_month!r}")
         self.idle_for = idle_for
         self.keep_last = keep_last
         self.min_age = min_age
@@ -63,15 +118,17 @@ class StatefulGCOperator(BaseOperator):
         self.backend_url = backend_url
         self.conn_id = conn_id
         self.prefix = prefix
+        self.price_per_gb_month = float(price_per_gb_month)
 
     def execute(self, context: Any) -> dict[str, Any]:
         hook = StateHook(backend_url=self.backend_url, conn_id=self.conn_id)
         store = hook.get_store()
+        idle_for = parse_duration(self.idle_for, what="idle_for") if self.idle_for is not None else None
         groups = group_by_identity(store, self.prefix or "")
         progress = ItemProgress(label="gc: planning", total=len(groups), logger=log)
         plan = plan_gc(
             store,
-            idle_for=parse_duration(self.idle_for, what="idle_for") if self.idle_for is not None else None,
+            idle_for=idle_for,
             keep_last=self.keep_last,
             min_age=parse_duration(self.min_age, what="min_age"),
             grace=hook.lease_grace,
@@ -80,11 +137,17 @@ class StatefulGCOperator(BaseOperator):
             groups=groups,
         )
         progress.finish()
+        footprint = self._send_plan_metrics(plan, idle_for)
         skipped: dict[str, str] = {}
+        deleted_objects = deleted_bytes = 0
         if not self.only_report:
             progress = ItemProgress(label="gc: deleting", total=len(plan.identities), logger=log)
-            skipped = apply_gc(plan, progress=progress).skipped
+            result = apply_gc(plan, progress=progress)
             progress.finish()
+            skipped = result.skipped
+            deleted_objects, deleted_bytes = len(result.deleted), result.bytes
+            metrics.incr("stateful.gc.deleted_objects", deleted_objects)
+            metrics.incr("stateful.gc.deleted_bytes", deleted_bytes)
         identities: list[dict[str, Any]] = []
         for item in plan.identities:
             action = item.action(dry_run=self.only_report, skipped=skipped.get(item.identity))
@@ -104,5 +167,35 @@ class StatefulGCOperator(BaseOperator):
             "dry_run": self.only_report,
             "objects": sum(i["objects"] for i in done),
             "bytes": sum(i["bytes"] for i in done),
+            **footprint,
+            "deleted_objects": deleted_objects,
+            "deleted_bytes": deleted_bytes,
             "identities": identities,
         }
+
+    def _send_plan_metrics(self, plan: GcPlan, idle_for: timedelta | None) -> dict[str, Any]:
+        """Send the backlog and idle gauges of ``plan``; the same numbers for the report."""
+        garbage_objects, garbage_bytes = garbage_backlog(plan)
+        metrics.gauge("stateful.gc.garbage_objects", garbage_objects)
+        metrics.gauge("stateful.gc.garbage_bytes", garbage_bytes)
+        footprint: dict[str, Any] = {"garbage_objects": garbage_objects, "garbage_bytes": garbage_bytes}
+        if idle_for is None:
+            # Not judged: a 0 would read as "nothing idle" on a dashboard, so the idle gauges are not sent.
+            footprint.update(idle_identities=None, idle_bytes=None, idle_monthly_cost=None)
+        else:
+            idle_identities, idle_bytes = idle_footprint(plan, idle_for)
+            cost = idle_bytes / GB * self.price_per_gb_month
+            metrics.gauge("stateful.idle_bytes", idle_bytes)
+            metrics.gauge("stateful.idle_monthly_cost", cost)
+            footprint.update(
+                idle_identities=idle_identities, idle_bytes=idle_bytes, idle_monthly_cost=round(cost, 6)
+            )
+        footprint["price_per_gb_month"] = self.price_per_gb_month
+        log.info(
+            "gc: garbage %d object(s), %d bytes; idle %s bytes (%s per month)",
+            garbage_objects,
+            garbage_bytes,
+            footprint["idle_bytes"],
+            footprint["idle_monthly_cost"],
+        )
+        return footprint
