@@ -172,3 +172,85 @@ def test_local_store_upgrade(old_code: Path, tmp_path: Path) -> None:
 def test_s3_store_upgrade(old_code: Path, tmp_path: Path, s3_endpoint: Any, s3_prefix: str) -> None:
     settings = {"kind": "s3", "bucket": s3_endpoint.bucket, "prefix": s3_prefix, **s3_endpoint.options()}
     check_upgrade(old_code, s3_endpoint.store(s3_prefix), settings, tmp_path)
+
+
+FORMAT_2_RELEASE = "6618b0eaaaffdd567ead6046bb3716598306c8d0"
+"""The last commit whose code reads only checkpoint formats 1 and 2 (before published outputs)."""
+
+OLD_GC = r"""
+import json, sys
+from datetime import timedelta
+from pathlib import Path
+
+from airflow_stateful.core import CheckpointStore, Identity
+from airflow_stateful.core.gc import apply_gc, plan_gc
+from airflow_stateful.core.stores.local import LocalObjectStore
+
+store = LocalObjectStore(root=Path(sys.argv[1]))
+cs = CheckpointStore(store=store, identity=Identity.parse(sys.argv[2]))
+try:
+    cs.latest()
+    read = "read"
+except Exception as exc:
+    read = f"{type(exc).__name__}: {exc}"
+try:
+    plan = plan_gc(store, keep_last=1, min_age=timedelta(0), grace=0.0)
+    deleted, gc = sorted(apply_gc(plan).deleted), "ran"
+except Exception as exc:
+    deleted, gc = [], f"{type(exc).__name__}: {exc}"
+print(json.dumps({"read": read, "gc": gc, "deleted": deleted}))
+"""
+
+
+def test_a_release_that_reads_only_format_2_refuses_a_head_with_outputs_and_its_gc_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """A worker or GC still on the previous release must not misread outputs it does not know: it refuses the
+    format-3 head, and its GC deletes none of the outputs' objects (which would look unreferenced to it). Measured:
+    the old GC stops with the same FormatVersionError, so an upgrade of only some machines fails loudly."""
+    found = subprocess.run(
+        ["git", "-C", str(REPO), "cat-file", "-e", f"{FORMAT_2_RELEASE}^{{commit}}"], capture_output=True
+    )
+    if found.returncode != 0:
+        reason = (
+            f"commit {FORMAT_2_RELEASE} (the last format-2 release) is not in this checkout's git history"
+        )
+        print(reason)
+        pytest.skip(reason)
+    from airflow_stateful.core.session import WriterSession
+    from airflow_stateful.core.records import WriterInfo
+
+    old = tmp_path / "format-2-release"
+    old.mkdir()
+    archive = old / "old.tar"
+    subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--output", str(archive), FORMAT_2_RELEASE, "airflow_stateful"],
+        check=True,
+    )
+    with tarfile.open(archive) as tar:
+        tar.extractall(old, filter="data")
+    store = LocalObjectStore(root=tmp_path / "state")
+    cs = CheckpointStore(store=store, identity=IDENTITY, keep_last=1)
+    report = tmp_path / "report.csv"
+    report.write_bytes(b"a,b\n" * 50_000)
+    with WriterSession(checkpoints=cs, writer=WriterInfo(try_number=1), heartbeat=False) as session:
+        session.publish("report", report)
+        session.commit({"n": 1})
+    before = {info.key for info in store.list_objects("")}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = f"import sys; sys.path.insert(0, {str(old)!r})\n" + OLD_GC
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(tmp_path / "state"), IDENTITY.key],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=old,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["read"].startswith("FormatVersionError") and "format 3" in result["read"]
+    assert result["gc"] == "ran" or result["gc"].startswith("FormatVersionError"), result["gc"]
+    assert result["deleted"] == [] and {info.key for info in store.list_objects("")} == before
+    out = tmp_path / "out"
+    assert CheckpointStore(store=store, identity=IDENTITY).restore_output("report", out) == [out / "report"]
