@@ -217,8 +217,8 @@ def test_a_release_that_reads_only_format_2_refuses_a_head_with_outputs_and_its_
         )
         print(reason)
         pytest.skip(reason)
-    from airflow_stateful.core.session import WriterSession
     from airflow_stateful.core.records import WriterInfo
+    from airflow_stateful.core.session import WriterSession
 
     old = tmp_path / "format-2-release"
     old.mkdir()
