@@ -10,10 +10,12 @@ No Kubernetes API server can run on these machines. So:
 * the operator's calls to the API go to ``create_autospec`` of the kubernetes client's ``CoreV1Api`` and the
   provider's ``PodManager`` (the real signatures, no hand-written fake server), answering with real
   ``V1Pod`` and ``V1Secret`` objects (:class:`PodApi`). Only the Kubernetes API is mocked. Of a cluster's
-  behaviour :class:`PodApi` models just the two parts the lease Secret relies on, each documented
-  Kubernetes behaviour: the kubelet (a container starts only once every ``secretKeyRef`` of its env
-  resolves; the tests then run the real client with that resolved environment) and the garbage collector (a
-  Secret whose owner pods are all gone is deleted). The tests check the owner reference itself too;
+  behaviour :class:`PodApi` models just the parts the operator relies on, each documented Kubernetes
+  behaviour: the kubelet (a container starts only once every ``secretKeyRef`` of its env resolves, and
+  ``fieldRef`` variables get the pod's node and name from the downward API; the tests then run the real
+  client with that resolved environment) and the garbage collector (a Secret whose owner pods are all gone
+  is deleted). The tests check the owner reference itself too. No scheduler is modelled: warm placement is
+  checked on the affinity the operator renders, and a test says which node "ran" a pod (``PodApi.node``);
 * the end-to-end test needs ``KUBECONFIG`` pointing at a real cluster (kind, k3s) and skips otherwise.
 """
 
@@ -563,7 +565,8 @@ class PodApi:
 
     * the kubelet: a created pod stays ``Pending`` until every ``secretKeyRef`` in its containers' env
       resolves from a recorded Secret (a real pod shows ``CreateContainerConfigError`` and is retried); then
-      ``play(pod, env)`` runs it, with ``env`` each container's environment as the kubelet resolves it, and
+      ``play(pod, env)`` runs it, with ``env`` each container's environment as the kubelet resolves it (a
+      ``fieldRef`` to ``spec.nodeName`` is :attr:`node`, the node the test says the pod landed on), and
       returns its phase;
     * the garbage collector: a Secret whose ``ownerReferences`` all name pods (by uid) that no longer exist
       is deleted; a Secret without owner references never is. A pod deleted with a grace period while it
@@ -574,6 +577,7 @@ class PodApi:
         from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 
         self.play = play
+        self.node = "node-a"  # where the (unmodelled) scheduler put the pods
         self.pods: list[k8s.V1Pod] = []
         self.secrets: list[k8s.V1Secret] = []
         self.secrets_ever: list[k8s.V1Secret] = []
@@ -643,6 +647,12 @@ class PodApi:
         for container in [*(pod.spec.init_containers or []), *pod.spec.containers]:
             env: dict[str, str] = {}
             for var in container.env or []:
+                field = var.value_from.field_ref if var.value_from else None
+                if field is not None:  # the downward API
+                    env[var.name] = {"spec.nodeName": self.node, "metadata.name": pod.metadata.name}[
+                        field.field_path
+                    ]
+                    continue
                 ref = var.value_from.secret_key_ref if var.value_from else None
                 if ref is None:
                     env[var.name] = var.value
@@ -994,6 +1004,299 @@ def test_the_operator_keeps_the_lease_alive_while_its_pod_computes_for_4x_the_tt
     identity = Identity.for_task(dag_id="train", task_id="fit", run_id="manual__1")
     head = checkpoints_at(state_url, identity).head()
     assert head is not None and head.lease is None, "released once the pod was over"
+
+
+# -- warm placement: where the last writer ran, preferred, never required ---------------------------------------
+CACHE_HOST_PATH = "/var/lib/airflow-stateful/cache"
+DEFAULT_MAX_BYTES = 2 * 1024 * 1024 * 1024
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def downward_refs(container: k8s.V1Container) -> dict[str, str]:
+    return {
+        v.name: v.value_from.field_ref.field_path
+        for v in container.env or []
+        if v.value_from is not None and v.value_from.field_ref is not None
+    }
+
+
+def user_affinity() -> k8s.V1Affinity:
+    """A user's own affinity: a required node term, a preferred one and a pod anti-affinity."""
+    return k8s.V1Affinity(
+        node_affinity=k8s.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
+                node_selector_terms=[
+                    k8s.V1NodeSelectorTerm(
+                        match_expressions=[
+                            k8s.V1NodeSelectorRequirement(key="pool", operator="In", values=["gpu"])
+                        ]
+                    )
+                ]
+            ),
+            preferred_during_scheduling_ignored_during_execution=[
+                k8s.V1PreferredSchedulingTerm(
+                    weight=10,
+                    preference=k8s.V1NodeSelectorTerm(
+                        match_expressions=[
+                            k8s.V1NodeSelectorRequirement(
+                                key="topology.kubernetes.io/zone", operator="In", values=["z1"]
+                            )
+                        ]
+                    ),
+                )
+            ],
+        ),
+        pod_anti_affinity=k8s.V1PodAntiAffinity(
+            preferred_during_scheduling_ignored_during_execution=[
+                k8s.V1WeightedPodAffinityTerm(
+                    weight=5,
+                    pod_affinity_term=k8s.V1PodAffinityTerm(
+                        topology_key="kubernetes.io/hostname",
+                        label_selector=k8s.V1LabelSelector(match_labels={"team": "ml"}),
+                    ),
+                )
+            ]
+        ),
+    )
+
+
+def preference_for(node: str) -> dict[str, Any]:
+    """The term the operator adds, as the API server receives it."""
+    return {
+        "weight": 100,
+        "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]},
+    }
+
+
+def seed_checkpoint(url: str, identity: Identity, *, files: Path | None, node: str | None) -> int:
+    """An earlier pod's checkpoint (with or without files), written on ``node``; returns its seq."""
+    store = checkpoints_at(url, identity)
+    lease = store.acquire(holder=WriterInfo(task_id="fit", try_number=1), steal=True)
+    if files is not None:
+        files.mkdir(parents=True, exist_ok=True)
+        (files / "model.bin").write_bytes(b"weights" * 1000)
+    writer = WriterInfo(task_id="fit", try_number=1, pod="fit-abc", node=node)
+    seq = store.commit(lease, {"step": 1}, files=files, writer=writer).seq
+    store.release(lease)
+    return seq
+
+
+@pytest.mark.parametrize("mode", ["wrap", "sidecar", "init", "env"])
+def test_every_stateful_container_learns_its_node_and_pod_name_from_the_downward_api(
+    state_url: str, mode: str
+) -> None:
+    op = make_op(state_mode=mode, client_image="example/stateful-client:1")
+    op.prepare_state(make_context())
+    pod = op.build_pod_request_obj(make_context())
+    stateful = [
+        c
+        for c in [*(pod.spec.init_containers or []), *pod.spec.containers]
+        if env_of(c).get("STATEFUL_EPOCH")
+    ]
+    assert {c.name for c in stateful} >= {"base"}
+    for container in stateful:
+        assert downward_refs(container) == {"NODE_NAME": "spec.nodeName", "POD_NAME": "metadata.name"}, (
+            container.name
+        )
+
+
+def test_the_users_own_node_name_and_pod_name_are_kept_and_every_save_records_the_node(
+    state_url: str, tmp_path: Path
+) -> None:
+    """NODE_NAME/POD_NAME the user set (``env_vars``, ``pod_runtime_info_envs``) win, once each; with the
+    operator's own, a save records the node and pod the kubelet resolved (mocked API: :class:`PodApi`)."""
+    own_pod_name = k8s.V1EnvVar(
+        name="POD_NAME",
+        value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.name")),
+    )
+    op = make_op(env_vars={"NODE_NAME": "pinned-node"}, pod_runtime_info_envs=[own_pod_name])
+    op.prepare_state(make_context())
+    container = base(op.build_pod_request_obj(make_context()))
+    names = [e.name for e in container.env]
+    assert names.count("NODE_NAME") == 1 and names.count("POD_NAME") == 1
+    assert env_of(container)["NODE_NAME"] == "pinned-node"
+
+    op = make_op()
+    api = PodApi(op, keep_running)
+    api.node = "node-a"
+    state, pod = start_pod(op, make_context(try_number=2), api)
+    env = api.kubelet_env(pod)["base"]
+    assert (env["NODE_NAME"], env["POD_NAME"]) == ("node-a", pod.metadata.name)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "model.bin").write_text("trained")
+    saved = run_client(env, "save", str(work))
+    assert saved.returncode == 0, saved.stderr
+    latest = checkpoints_at(state_url, state.identity).latest()
+    assert latest is not None
+    assert (latest.writer.node, latest.writer.pod) == ("node-a", pod.metadata.name)
+
+
+def test_with_the_restore_cache_the_next_pod_prefers_the_last_writers_node_and_restores_from_its_cache(
+    state_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Try 1 runs on node-a and saves through node-a's cache; try 2 *prefers* node-a (merged with the user's
+    affinity, whose required term is untouched) and, landing there, downloads no chunk. The Kubernetes API
+    is mocked (:class:`PodApi`); node-a's hostPath directory is a temporary directory given to the client as
+    the mount would."""
+    node_a_cache = tmp_path / "node-a-cache"  # node-a's hostPath directory, mounted into the client
+    first = make_op(restore_cache_host_path=CACHE_HOST_PATH + "/")
+    api = PodApi(first, keep_running)
+    api.node = "node-a"
+    with caplog.at_level("INFO", logger="airflow_stateful"):
+        state, pod = start_pod(first, make_context(try_number=1), api)
+    assert "no node preference: there is no checkpoint yet" in caplog.text
+    assert not pod.spec.affinity, "no checkpoint yet: nothing to prefer"
+    (volume,) = [v for v in pod.spec.volumes if v.host_path is not None]
+    assert (volume.host_path.path, volume.host_path.type) == (CACHE_HOST_PATH, "DirectoryOrCreate")
+    assert [(m.name, m.mount_path) for m in base(pod).volume_mounts if m.name == volume.name] == [
+        (volume.name, "/var/cache/airflow-stateful")
+    ]
+    literal = env_of(base(pod))
+    assert literal["STATEFUL_RESTORE_CACHE_DIR"] == "/var/cache/airflow-stateful"
+    assert literal["STATEFUL_RESTORE_CACHE_MAX_BYTES"] == str(DEFAULT_MAX_BYTES)
+    env = {**api.kubelet_env(pod)["base"], "STATEFUL_RESTORE_CACHE_DIR": str(node_a_cache)}
+    work = tmp_path / "work1"
+    (work / "data").mkdir(parents=True)
+    (work / "data" / "weights.bin").write_bytes(os.urandom(300_000))
+    saved = run_client(env, "save", str(work))
+    assert saved.returncode == 0, saved.stderr
+    store = checkpoints_at(state_url, state.identity)
+    latest = store.latest()
+    assert latest is not None and latest.writer.node == "node-a"
+    assert any((node_a_cache / f"uid-{os.geteuid()}").rglob("*")), "the save filled node-a's cache"
+
+    # Try 2 (the worker's restart, say): the user's affinity plus the preference for node-a.
+    affinity = user_affinity()
+    before = ApiClient().sanitize_for_serialization(affinity)
+    second = make_op(restore_cache_host_path=CACHE_HOST_PATH, affinity=affinity)
+    api.attach(second)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="airflow_stateful"):
+        second.prepare_state(make_context(try_number=2))
+    assert (
+        f"preferring node node-a, where checkpoint {latest.seq} was written (its restore cache holds its "
+        "chunks); not required: the pod runs anywhere if node-a is gone"
+    ) in caplog.text
+    pod2 = second.build_pod_request_obj(make_context(try_number=2))
+    sent = ApiClient().sanitize_for_serialization(pod2.spec.affinity)
+    assert sent["nodeAffinity"][REQUIRED] == before["nodeAffinity"][REQUIRED], (
+        "the user's required term is exactly as it was: none added, none changed"
+    )
+    assert sent["nodeAffinity"][PREFERRED] == [*before["nodeAffinity"][PREFERRED], preference_for("node-a")]
+    assert sent["podAntiAffinity"] == before["podAntiAffinity"]
+    assert ApiClient().sanitize_for_serialization(second.affinity) == before, (
+        "the operator's own is unchanged"
+    )
+    again = second.build_pod_request_obj(make_context(try_number=2))
+    assert ApiClient().sanitize_for_serialization(again.spec.affinity) == sent, "built twice, added once"
+
+    # The pod landed on node-a: its chunks come from node-a's cache. Proof: they are gone from the store.
+    tree = store.tree(latest)
+    assert tree is not None
+    store.store.delete_many({c.key for f in tree.files for c in f.chunks})
+    second.get_or_create_pod(pod2, make_context(try_number=2))
+    env2 = {**api.kubelet_env(api.read(pod2))["base"], "STATEFUL_RESTORE_CACHE_DIR": str(node_a_cache)}
+    restored = run_client(env2, "restore", str(tmp_path / "work2"))
+    assert restored.returncode == 0, restored.stderr
+    assert (tmp_path / "work2" / "data" / "weights.bin").read_bytes() == (
+        work / "data" / "weights.bin"
+    ).read_bytes()
+    assert "0 chunk(s) downloaded (warm; written on node node-a, this pod runs on node node-a)" in (
+        restored.stderr
+    )
+
+
+def test_the_preference_keeps_the_affinity_of_a_full_pod_spec_and_is_never_required(
+    state_url: str, tmp_path: Path
+) -> None:
+    """The provider's merge would replace a template's affinity by the operator's: the preference is added to
+    the finished pod instead, so a template's required term survives."""
+    identity = Identity.for_task(dag_id="train", task_id="fit", run_id="manual__1")
+    seq = seed_checkpoint(state_url, identity, files=tmp_path / "files", node="node-b")
+    spec = k8s.V1Pod(spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base")], affinity=user_affinity()))
+    op = make_op(restore_cache_host_path=CACHE_HOST_PATH, full_pod_spec=spec)
+    op.prepare_state(make_context())
+    assert op._preferred_node == "node-b" and seq == 1
+    sent = ApiClient().sanitize_for_serialization(op.build_pod_request_obj(make_context()).spec.affinity)
+    template = ApiClient().sanitize_for_serialization(user_affinity())
+    assert sent["nodeAffinity"][REQUIRED] == template["nodeAffinity"][REQUIRED]
+    assert sent["nodeAffinity"][PREFERRED] == [*template["nodeAffinity"][PREFERRED], preference_for("node-b")]
+    assert sent["podAntiAffinity"] == template["podAntiAffinity"]
+    # Without any affinity of the user's: the preference alone, and never a required term.
+    plain = make_op(restore_cache_host_path=CACHE_HOST_PATH)
+    plain.prepare_state(make_context(try_number=2))
+    alone = ApiClient().sanitize_for_serialization(plain.build_pod_request_obj(make_context()).spec.affinity)
+    assert alone == {"nodeAffinity": {PREFERRED: [preference_for("node-b")]}}
+
+
+@pytest.mark.parametrize("case", ["no cache", "no files", "no node"])
+def test_no_preference_without_the_cache_without_files_or_without_a_recorded_node(
+    state_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    identity = Identity.for_task(dag_id="train", task_id="fit", run_id="manual__1")
+    seq = seed_checkpoint(
+        state_url,
+        identity,
+        files=None if case == "no files" else tmp_path / "files",
+        node=None if case == "no node" else "node-b",
+    )
+    affinity = user_affinity()
+    op = make_op(affinity=affinity, restore_cache_host_path=None if case == "no cache" else CACHE_HOST_PATH)
+    with caplog.at_level("DEBUG", logger="airflow_stateful"):
+        op.prepare_state(make_context())
+    pod = op.build_pod_request_obj(make_context())
+    assert ApiClient().sanitize_for_serialization(pod.spec.affinity) == (
+        ApiClient().sanitize_for_serialization(affinity)
+    ), "the user's affinity, untouched"
+    expected = {
+        "no cache": "no node preference: restore_cache_host_path is not set",
+        "no files": f"no node preference: checkpoint {seq} has no files to restore",
+        "no node": f"no node preference: checkpoint {seq} records no node",
+    }[case]
+    assert expected in caplog.text
+    assert "preferring node" not in caplog.text
+    if case == "no cache":
+        assert not [v for v in pod.spec.volumes or [] if v.host_path is not None]
+        assert "STATEFUL_RESTORE_CACHE_DIR" not in env_of(base(pod))
+
+
+def test_the_restore_cache_is_mounted_only_where_the_client_runs(state_url: str) -> None:
+    """Sidecar mode leaves the job's container as it is; init and env modes run the client in it."""
+    for mode, with_cache in (
+        ("sidecar", {RESTORE_CONTAINER, SIDECAR_CONTAINER}),
+        ("init", {RESTORE_CONTAINER, "base"}),
+        ("env", {"base"}),
+    ):
+        op = make_op(state_mode=mode, client_image="example/stateful-client:1", restore_cache_host_path="/c")
+        op.prepare_state(make_context())
+        pod = op.build_pod_request_obj(make_context())
+        containers = [*(pod.spec.init_containers or []), *pod.spec.containers]
+        mounted = {
+            c.name
+            for c in containers
+            if any(m.mount_path == "/var/cache/airflow-stateful" for m in c.volume_mounts or [])
+        }
+        told = {c.name for c in containers if env_of(c).get("STATEFUL_RESTORE_CACHE_DIR")}
+        assert mounted == told == with_cache, mode
+        assert [v.host_path.path for v in pod.spec.volumes if v.host_path is not None] == ["/c"]
+
+
+def test_a_bad_restore_cache_host_path_is_refused_when_the_dag_is_parsed(state_url: str) -> None:
+    from airflow_stateful.core.errors import InvalidValueError
+
+    for bad in ("", "relative/cache", "/", "/var/../etc", "./cache"):
+        with pytest.raises(InvalidValueError, match="restore_cache_host_path") as refused:
+            make_op(restore_cache_host_path=bad)
+        assert repr(bad) in str(refused.value)
+    with pytest.raises(
+        InvalidValueError, match="state_dir '/var/cache' overlaps /var/cache/airflow-stateful"
+    ):
+        make_op(restore_cache_host_path="/srv/cache", state_dir="/var/cache")
+    for max_bytes in (0, -1, True, "1G"):
+        with pytest.raises(InvalidValueError, match="restore_cache_max_bytes"):
+            make_op(restore_cache_host_path="/srv/cache", restore_cache_max_bytes=max_bytes)
 
 
 # -- end to end on a real cluster ---------------------------------------------------------------------------------

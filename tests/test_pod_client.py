@@ -516,3 +516,89 @@ def test_a_pod_with_bad_s3_options_fails_before_writing(pod: dict[str, object]) 
         assert result.returncode == 2, result.stderr
         assert message in result.stderr
     assert checkpoints.latest() is None
+
+
+# -- the node's restore cache (StatefulKubernetesPodOperator's restore_cache_host_path) --------------------------
+def run_verb(env: dict[str, str], verb: str, directory: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_stateful.client", verb, str(directory)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_client_restores_through_the_nodes_cache_and_says_how_warm_it_was(pod: dict[str, object]) -> None:
+    """A save fills the node's cache; a restore on that node takes every chunk from it (proof: the chunk
+    objects are deleted from the bucket first). A cold cache is filled by the restore that misses it."""
+    checkpoints: CheckpointStore = pod["checkpoints"]  # type: ignore[assignment]
+    tmp: Path = pod["tmp"]  # type: ignore[assignment]
+    node_a, node_b = tmp / "node-a-cache", tmp / "node-b-cache"
+    work = tmp / "work"
+    (work / "data").mkdir(parents=True)
+    (work / "data" / "weights.bin").write_bytes(os.urandom(3 * 1024 * 1024))
+    (work / "notes.txt").write_text("epoch 3")
+    (work / ".stateful-value.json").write_text(json.dumps({"epoch": 3}))
+    lease = checkpoints.acquire(steal=True)
+    on_a = {**leased_env(pod, lease), "NODE_NAME": "node-a", "STATEFUL_RESTORE_CACHE_DIR": str(node_a)}
+    saved = run_verb(on_a, "save", work)
+    assert saved.returncode == 0, saved.stderr
+    latest = checkpoints.latest()
+    assert latest is not None and latest.writer.node == "node-a"
+
+    # The next pod lands on node-b (cold), then one more on node-b (warm now: the first restore filled it).
+    lease2 = checkpoints.acquire(steal=True)
+    on_b = {**leased_env(pod, lease2), "NODE_NAME": "node-b", "STATEFUL_RESTORE_CACHE_DIR": str(node_b)}
+    cold = run_verb(on_b, "restore", tmp / "cold")
+    assert cold.returncode == 0, cold.stderr
+    assert "0 B of 3.0 MiB from the restore cache" in cold.stderr, cold.stderr
+    assert "(cold; written on node node-a, this pod runs on node node-b)" in cold.stderr
+
+    tree = checkpoints.tree(latest)
+    assert tree is not None
+    chunks = {c.key for f in tree.files for c in f.chunks}
+    checkpoints.store.delete_many(chunks)  # from here on, a restore that downloads a chunk fails
+    for env, cache, name in ((on_b, node_b, "warm-b"), ({**on_a, **_lease_env(lease2)}, node_a, "warm-a")):
+        warm = run_verb(env, "restore", tmp / name)
+        assert warm.returncode == 0, warm.stderr
+        assert (
+            f"from the restore cache {cache / f'uid-{os.geteuid()}'} ({len(chunks)} chunk(s)), "
+            in warm.stderr
+        )
+        assert "0 chunk(s) downloaded (warm;" in warm.stderr, warm.stderr
+        for rel in ("data/weights.bin", "notes.txt"):
+            assert (tmp / name / rel).read_bytes() == (work / rel).read_bytes()
+        assert json.loads((tmp / name / ".stateful-value.json").read_text()) == {"epoch": 3}
+
+
+def _lease_env(lease: Lease) -> dict[str, str]:
+    return {"STATEFUL_EPOCH": str(lease.epoch), "STATEFUL_LEASE_TOKEN": lease.token}
+
+
+def test_a_cache_directory_that_cannot_be_created_does_not_fail_the_pod(pod: dict[str, object]) -> None:
+    """The cache can only save downloads: a directory that cannot be made (here: below a regular file) is
+    reported once and skipped, and restore and save go on. A malformed variable is a configuration error."""
+    checkpoints: CheckpointStore = pod["checkpoints"]  # type: ignore[assignment]
+    tmp: Path = pod["tmp"]  # type: ignore[assignment]
+    (tmp / "a-file").write_text("not a directory")
+    work = tmp / "work"
+    work.mkdir()
+    (work / "model.bin").write_bytes(b"trained")
+    env = {
+        **leased_env(pod, checkpoints.acquire(steal=True)),
+        "STATEFUL_RESTORE_CACHE_DIR": str(tmp / "a-file" / "cache"),
+    }
+    saved = run_verb(env, "save", work)
+    assert saved.returncode == 0, saved.stderr
+    restored = run_verb(env, "restore", tmp / "restored")
+    assert restored.returncode == 0, restored.stderr
+    assert (tmp / "restored" / "model.bin").read_bytes() == b"trained"
+    assert "not used" in restored.stderr and "restoring without it" in restored.stderr
+    assert "without the restore cache" in restored.stderr
+    bad = run_verb({**env, "STATEFUL_RESTORE_CACHE_DIR": "relative/cache"}, "restore", tmp / "never")
+    assert bad.returncode == 2
+    assert (
+        "STATEFUL_RESTORE_CACHE_DIR must be an absolute path" in bad.stderr
+        and "'relative/cache'" in bad.stderr
+    )

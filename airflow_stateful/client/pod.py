@@ -6,6 +6,12 @@ is still this pod's before anything is restored or saved; ``run`` and ``sidecar`
 background, so a pod may compute for hours between two saves, and stop the job at once if a newer try took
 the lease over.
 
+With ``STATEFUL_RESTORE_CACHE_DIR`` (the operator's ``restore_cache_host_path``, a directory on the node) the
+client restores through the node's restore cache, :class:`~airflow_stateful.core.chunk_cache.LocalChunkCache`
+(every chunk verified against the checkpoint's SHA-256 before it is used), logs how much of the restore it
+served, and fills it after each save. The cache can only save downloads: one that cannot be used is reported
+once and skipped, never fails the pod.
+
 Exit codes a pod's command line can rely on: the wrapped command's own code for ``run``; 0 for success;
 2 when the client is misconfigured or the checkpoint does not fit this pod (schema version); 3 when the pod
 was fenced — a newer try or pod owns the state and this one must stop without writing.
@@ -27,7 +33,9 @@ from types import FrameType
 
 from airflow_stateful.client.settings import VALUE_FILE, PodSettings
 from airflow_stateful.core.checkpoint_store import CheckpointStore
+from airflow_stateful.core.chunk_cache import CacheStats, LocalChunkCache
 from airflow_stateful.core.errors import FencedError
+from airflow_stateful.core.progress import human_bytes
 from airflow_stateful.core.records import Manifest, WriterInfo
 from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.stores.registry import store_from_url
@@ -64,6 +72,8 @@ def pod_session(settings: PodSettings, *, heartbeat: bool) -> Iterator[WriterSes
     checkpoints = CheckpointStore(
         store=store, identity=settings.identity, keep_last=settings.keep_last, lease_ttl=settings.lease_ttl
     )
+    cache = settings.restore_cache()
+    checkpoints.chunk_cache = cache  # restores read it first; the chunks a save uploads are kept in it
     session = WriterSession(
         checkpoints=checkpoints,
         writer=writer_from_env(),
@@ -75,7 +85,40 @@ def pod_session(settings: PodSettings, *, heartbeat: bool) -> Iterator[WriterSes
         with session:
             yield session
     finally:
+        if cache is not None:
+            cache.close()
         store.close()
+
+
+def _cache_of(session: WriterSession) -> LocalChunkCache | None:
+    cache = session.checkpoints.chunk_cache
+    return cache if isinstance(cache, LocalChunkCache) else None
+
+
+def _log_cache_use(cache: LocalChunkCache, before: CacheStats, manifest: Manifest, here: WriterInfo) -> None:
+    """One line telling whether the restore was warm (worded as the workers' restore cache says it)."""
+    after = cache.stats
+    hits, misses = after.hits - before.hits, after.misses - before.misses
+    if not cache.usable:
+        log.info(
+            "restored checkpoint %d without the restore cache %s (not usable)", manifest.seq, cache.directory
+        )
+        return
+    state = "warm" if hits and not misses else "partly warm" if hits else "cold"
+    written = manifest.writer.node
+    log.info(
+        "restored checkpoint %d: %s of %s from the restore cache %s (%d chunk(s)), %d chunk(s) downloaded "
+        "(%s; written on node %s, this pod runs on node %s)",
+        manifest.seq,
+        human_bytes(after.hit_bytes - before.hit_bytes),
+        human_bytes(manifest.total_size),
+        cache.directory,
+        hits,
+        misses,
+        state,
+        written or "unknown",
+        here.node or "unknown",
+    )
 
 
 def restore(session: WriterSession, directory: Path) -> Manifest | None:
@@ -85,7 +128,13 @@ def restore(session: WriterSession, directory: Path) -> Manifest | None:
     if latest is None:
         log.info("no checkpoint for %s: starting fresh", session.identity)
         return None
-    restored = session.restore_files(directory)
+    cache = _cache_of(session)
+    if cache is not None and latest.has_files:
+        before = cache.stats
+        restored = session.checkpoints.restore_files(latest, directory, cache=cache)
+        _log_cache_use(cache, before, latest, session.writer)
+    else:
+        restored = session.restore_files(directory)
     (directory / VALUE_FILE).write_text(json.dumps(session.value))
     log.info(
         "restored checkpoint %d of %s (written by %s at %s): %d file(s)",
@@ -105,7 +154,22 @@ def save(session: WriterSession, directory: Path) -> Manifest:
     extra = {"image": os.environ["STATEFUL_IMAGE"]} if os.environ.get("STATEFUL_IMAGE") else None
     manifest = session.commit(value, files=directory, exclude=(VALUE_FILE,), extra=extra, keep_files=False)
     log.info("saved checkpoint %d of %s (%d file(s))", manifest.seq, session.identity, manifest.file_count)
+    _remember_files(session, manifest, directory)
     return manifest
+
+
+def _remember_files(session: WriterSession, manifest: Manifest, directory: Path) -> None:
+    """Keep the saved chunks the upload did not (those the previous checkpoint already held) in the node's
+    restore cache, so the next pod on this node restores them locally. Never fails the save."""
+    cache = _cache_of(session)
+    if cache is None or not manifest.has_files:
+        return
+    try:
+        tree = session.checkpoints.tree(manifest)  # the tree the commit just wrote: no request
+        if tree is not None:
+            cache.remember_files(tree, directory)
+    except Exception as exc:
+        log.warning("restore cache not filled after checkpoint %d: %s", manifest.seq, exc)
 
 
 def _periodic_save(session: WriterSession, directory: Path) -> None:

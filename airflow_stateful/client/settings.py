@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_stateful.core.config import StatefulSettings, parse_int
+from airflow_stateful.core.chunk_cache import LocalChunkCache
+from airflow_stateful.core.config import RESTORE_CACHE_MAX_BYTES, StatefulSettings, parse_int
 from airflow_stateful.core.errors import ConfigurationError
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.integrity import HeadSigner
@@ -98,6 +99,10 @@ class PodSettings:
     """The S3 store options from ``STATEFUL_S3_*`` (see :func:`s3_options_from_env`), ``endpoint_url`` included."""
     head_signer: HeadSigner | None = field(default=None, repr=False)
     """The deployment's head signing key (``STATEFUL_SIGNING_KEY`` from the lease Secret), if it signs heads."""
+    restore_cache_dir: str = ""
+    """``STATEFUL_RESTORE_CACHE_DIR``: the node's restore cache (a ``hostPath`` mount); ``""``: no cache."""
+    restore_cache_max_bytes: int = RESTORE_CACHE_MAX_BYTES
+    """``STATEFUL_RESTORE_CACHE_MAX_BYTES``: the size the cache is kept under (0 turns it off)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PodSettings:
@@ -124,6 +129,22 @@ class PodSettings:
             endpoint_url=env.get("STATEFUL_S3_ENDPOINT_URL") or None,
             s3=s3_options_from_env(env) if env["STATEFUL_BACKEND_URL"].startswith("s3://") else {},
             head_signer=signer_from_env(env),
+            # Parsed as [stateful]'s (an absolute path, a byte count), but unset means no cache in a pod: only
+            # a directory on the node (the operator's hostPath) outlives the pod.
+            restore_cache_dir=shared.restore_cache_dir if env.get("STATEFUL_RESTORE_CACHE_DIR") else "",
+            restore_cache_max_bytes=shared.restore_cache_max_bytes,
+        )
+
+    def restore_cache(self) -> LocalChunkCache | None:
+        """The node's restore cache, or ``None`` (turned off). Its chunks are in ``uid-<this user's uid>`` below
+        ``STATEFUL_RESTORE_CACHE_DIR``: the mount's root belongs to whoever created it on the node (the
+        kubelet: root), and the cache uses only a directory of its own user's. Nothing is touched on disk
+        here; a directory that turns out unusable is reported once and the client goes on without it."""
+        if not self.restore_cache_dir or self.restore_cache_max_bytes <= 0:
+            return None
+        return LocalChunkCache(
+            directory=os.path.join(self.restore_cache_dir, f"uid-{os.geteuid()}"),
+            max_bytes=self.restore_cache_max_bytes,
         )
 
     def store_options(self) -> dict[str, Any]:

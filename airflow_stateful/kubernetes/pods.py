@@ -8,16 +8,23 @@ the lease for this run, and deletes the others: they are fenced, so stopping the
 The pod's lease token is never a literal in the pod spec (which ``get pods``, audit logs, events and the
 provider's debug log of the creation request all show): it is in a Secret of its own, one per pod lease,
 owned by the pod so that Kubernetes deletes it with the pod (:func:`lease_secret`).
+
+Warm placement: every container that runs the client learns its node and pod name from the downward API
+(``NODE_NAME``, ``POD_NAME``), so each checkpoint records where it was written. With a restore cache on the
+node (:class:`RestoreCache`, a ``hostPath`` volume) the next pod *prefers* that node (:func:`prefer_node`):
+a soft node affinity, never a required one.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 from kubernetes.client import models as k8s
@@ -42,6 +49,15 @@ LEASE_TOKEN_ENV = "STATEFUL_LEASE_TOKEN"
 LEASE_SECRET_KEY = "lease-token"
 SIGNING_SECRET_KEY = "signing-key"
 SIGNING_KEY_ENV = "STATEFUL_SIGNING_KEY"
+#: Where the node's restore cache (a ``hostPath`` volume) is mounted in the containers that run the client.
+RESTORE_CACHE_VOLUME = "stateful-restore-cache"
+RESTORE_CACHE_MOUNT = "/var/cache/airflow-stateful"
+RESTORE_CACHE_DIR_ENV = "STATEFUL_RESTORE_CACHE_DIR"
+RESTORE_CACHE_MAX_BYTES_ENV = "STATEFUL_RESTORE_CACHE_MAX_BYTES"
+#: Variables from the downward API: the client records them as the checkpoint's writer (``node``, ``pod``).
+DOWNWARD_ENV = {"NODE_NAME": "spec.nodeName", "POD_NAME": "metadata.name"}
+#: The weight of the preference for the node of the last writer (the highest Kubernetes allows).
+PREFERRED_NODE_WEIGHT = 100
 #: Environment names that would put a credential into the pod spec as a literal value.
 SECRET_ENV_NAMES = frozenset({"AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"})
 _TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -184,7 +200,8 @@ class PodState:
         }
 
     def env(self, *, image: str | None, context: Any | None = None) -> list[k8s.V1EnvVar]:
-        """The ``STATEFUL_*`` variables the in-pod client reads (no credentials among them).
+        """The ``STATEFUL_*`` variables the in-pod client reads (no credentials among them), and
+        ``NODE_NAME``/``POD_NAME`` from the downward API.
 
         The S3 settings are ``STATEFUL_S3_<OPTION>`` (read back by
         :class:`~airflow_stateful.client.settings.PodSettings`), so the pod writes with the same encryption and
@@ -227,6 +244,7 @@ class PodState:
                 STATEFUL_MAP_INDEX=str(ti.map_index),
             )
         env = [k8s.V1EnvVar(name=k, value=v) for k, v in values.items() if v]
+        env.extend(downward_env())  # the node and pod the checkpoints record as their writer's
         env.append(lease_token_env(self))  # from the pod's lease Secret, never a literal value
         if self.head_signer is not None:
             env.append(secret_env(self, SIGNING_KEY_ENV, SIGNING_SECRET_KEY))
@@ -244,6 +262,95 @@ class PodState:
             "schema_version": latest.schema_version if latest else self.schema_version,
             "image": latest.extra.get("image") if latest else None,
         }
+
+
+def downward_env() -> list[k8s.V1EnvVar]:
+    """``NODE_NAME`` (``spec.nodeName``) and ``POD_NAME`` (``metadata.name``), resolved by the kubelet: every
+    checkpoint a pod writes records them (``manifest.writer.node``/``pod``), so the next pod can prefer the
+    node whose restore cache holds its chunks."""
+    return [
+        k8s.V1EnvVar(
+            name=name,
+            value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path=path)),
+        )
+        for name, path in DOWNWARD_ENV.items()
+    ]
+
+
+@dataclass(frozen=True)
+class RestoreCache:
+    """The node's restore cache: a ``hostPath`` directory the client keeps verified chunks in.
+
+    The client restores through it (chunks found there are not downloaded) and fills it after each save, so
+    a pod that lands on the node of the last writer restores mostly from local disk. See docs/kubernetes.md,
+    "Warm placement", for who else on the node can read it.
+    """
+
+    host_path: str
+    max_bytes: int
+
+    def volume(self) -> k8s.V1Volume:
+        return k8s.V1Volume(
+            name=RESTORE_CACHE_VOLUME,
+            host_path=k8s.V1HostPathVolumeSource(path=self.host_path, type="DirectoryOrCreate"),
+        )
+
+    def mount(self) -> k8s.V1VolumeMount:
+        return k8s.V1VolumeMount(name=RESTORE_CACHE_VOLUME, mount_path=RESTORE_CACHE_MOUNT)
+
+    def env(self) -> list[k8s.V1EnvVar]:
+        return [
+            k8s.V1EnvVar(name=RESTORE_CACHE_DIR_ENV, value=RESTORE_CACHE_MOUNT),
+            k8s.V1EnvVar(name=RESTORE_CACHE_MAX_BYTES_ENV, value=str(self.max_bytes)),
+        ]
+
+
+def check_restore_cache_host_path(value: Any, *, state_dir: str) -> str:
+    """``restore_cache_host_path`` as given, if it is an absolute, normalised directory on the node; else
+    InvalidValueError naming the value. ``state_dir`` must not overlap the cache's mount (the cache would be
+    saved with the state, or hide it)."""
+    text = value if isinstance(value, str) else None
+    parts = PurePosixPath(text).parts if text else ()
+    if (
+        text is None
+        or not text.startswith("/")
+        or len(parts) < 2
+        or any(p in (".", "..") for p in text.split("/"))
+        or "\0" in text
+    ):
+        raise InvalidValueError(
+            "restore_cache_host_path must be an absolute directory on the node below / (without '.' or '..' "
+            f"parts), not {value!r}"
+        )
+    state, mount = PurePosixPath(state_dir), PurePosixPath(RESTORE_CACHE_MOUNT)
+    if state == mount or mount in state.parents or state in mount.parents:
+        raise InvalidValueError(
+            f"state_dir {state_dir!r} overlaps {RESTORE_CACHE_MOUNT}, where the restore cache is mounted; "
+            "choose another state_dir"
+        )
+    return text.rstrip("/")
+
+
+def _preferred_node_term(node: str) -> k8s.V1PreferredSchedulingTerm:
+    requirement = k8s.V1NodeSelectorRequirement(key="metadata.name", operator="In", values=[node])
+    return k8s.V1PreferredSchedulingTerm(
+        weight=PREFERRED_NODE_WEIGHT, preference=k8s.V1NodeSelectorTerm(match_fields=[requirement])
+    )
+
+
+def prefer_node(affinity: k8s.V1Affinity | None, node: str) -> k8s.V1Affinity:
+    """A copy of ``affinity`` that also *prefers* node ``node`` (a weight-100 ``preferred...`` term matching
+    ``metadata.name``); every term of ``affinity`` is kept and its required terms are never touched, so the
+    pod still runs anywhere it could run before when ``node`` is gone or full. Adding it twice adds it once."""
+    merged = copy.deepcopy(affinity) if affinity is not None else k8s.V1Affinity()
+    if merged.node_affinity is None:
+        merged.node_affinity = k8s.V1NodeAffinity()
+    term = _preferred_node_term(node)
+    preferred = list(merged.node_affinity.preferred_during_scheduling_ignored_during_execution or [])
+    if term not in preferred:
+        preferred.append(term)
+    merged.node_affinity.preferred_during_scheduling_ignored_during_execution = preferred
+    return merged
 
 
 def lease_secret_name(state: PodState) -> str:
@@ -353,8 +460,18 @@ def state_parts(
     client_image: str | None,
     client_command: Sequence[str],
     credentials_secret: str | None,
+    restore_cache: RestoreCache | None = None,
+    runtime_env: Sequence[k8s.V1EnvVar] = (),
 ) -> PodParts:
-    """The operator's pod arguments plus the state: env, volume, init/sidecar containers or the wrapper."""
+    """The operator's pod arguments plus the state: env, volume, init/sidecar containers or the wrapper.
+
+    :param restore_cache: the node's restore cache, mounted (with its ``STATEFUL_RESTORE_CACHE_*`` variables)
+        into every container that runs the client: the restoring init container and the sidecar, and the
+        main container in ``wrap``, ``init`` and ``env`` modes (where it runs the client itself); never into
+        the unchanged job container of ``sidecar`` mode.
+    :param runtime_env: KubernetesPodOperator's ``pod_runtime_info_envs``, added to the main container after
+        this: a ``NODE_NAME`` or ``POD_NAME`` there (or in ``user_env``) is the user's and is kept.
+    """
     for env in user_env:
         if env.name in SECRET_ENV_NAMES and env.value:
             raise InvalidValueError(
@@ -362,14 +479,21 @@ def state_parts(
                 "pass credentials_secret=<Kubernetes Secret name> or use workload identity instead"
             )
     stateful_env = state.env(image=image, context=context)
-    ours = {e.name for e in stateful_env}
+    cache_env = restore_cache.env() if restore_cache is not None else []
+    client_env = [*stateful_env, *cache_env]
+    users = {e.name for e in [*user_env, *runtime_env]}
+    # The main container: the user's own NODE_NAME/POD_NAME win (the client reads whatever they hold).
+    main_env = [e for e in stateful_env if not (e.name in DOWNWARD_ENV and e.name in users)]
+    if mode != "sidecar":
+        main_env += cache_env  # the main container runs the client itself
+    ours = {e.name for e in main_env}
     secret_ref = (
         [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=credentials_secret))]
         if credentials_secret
         else []
     )
     parts = PodParts(
-        env_vars=[e for e in user_env if e.name not in ours] + stateful_env,
+        env_vars=[e for e in user_env if e.name not in ours] + main_env,
         # In sidecar mode the job's own container is left as it is: no credentials for it.
         env_from=[*env_from, *secret_ref] if mode != "sidecar" else list(env_from),
         volumes=list(volumes),
@@ -378,6 +502,11 @@ def state_parts(
         cmds=list(cmds),
         arguments=list(arguments),
     )
+    cache_mounts = [restore_cache.mount()] if restore_cache is not None else []
+    if restore_cache is not None:
+        parts.volumes.append(restore_cache.volume())
+        if mode != "sidecar":
+            parts.volume_mounts.extend(cache_mounts)
     if mode == "env":
         return parts
     mount = k8s.V1VolumeMount(name=STATE_VOLUME, mount_path=state_dir)
@@ -398,9 +527,9 @@ def state_parts(
             name=name,
             image=client_image,
             command=command,
-            env=list(stateful_env),
+            env=list(client_env),
             env_from=list(secret_ref),
-            volume_mounts=[mount],
+            volume_mounts=[mount, *cache_mounts],
             restart_policy=restart_policy,
         )
 

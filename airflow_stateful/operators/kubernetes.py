@@ -16,6 +16,11 @@ the two never fence each other. Credentials reach the pod only through a Kuberne
 lease token reaches it through a Secret the operator creates per pod lease, owned by the pod (so Kubernetes
 deletes it with the pod), which the containers read with ``secretKeyRef``.
 
+Warm placement: every checkpoint records the node its pod ran on (``NODE_NAME`` from the downward API). With
+``restore_cache_host_path`` the client keeps verified chunks in a ``hostPath`` directory on the node, and the
+operator adds a *preferred* node affinity to the node that wrote the checkpoint the pod resumes from, merged
+into the pod's own affinity; never a required one, so a lost node never blocks the retry.
+
 This module is the only one that imports the cncf.kubernetes provider (the ``kubernetes`` extra).
 See docs/kubernetes.md.
 """
@@ -29,6 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.backcompat.backwards_compat_converters import (
+    convert_affinity,
     convert_env_vars_or_raise_error,
 )
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
@@ -36,6 +42,7 @@ from airflow.sdk.exceptions import AirflowException
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
+from airflow_stateful.core.config import RESTORE_CACHE_MAX_BYTES
 from airflow_stateful.core.errors import InvalidValueError
 from airflow_stateful.core.lease import lease_of
 from airflow_stateful.core.session import WriterSession
@@ -44,12 +51,15 @@ from airflow_stateful.kubernetes.pods import (
     CLIENT_COMMAND,
     EPOCH_LABEL,
     IDENTITY_LABEL,
+    RESTORE_CACHE_MOUNT,
     RESTORE_CONTAINER,
     RUN_LABEL,
     SIDECAR_CONTAINER,
     STATE_MODES,
     STATE_VOLUME,
     PodState,
+    RestoreCache,
+    check_restore_cache_host_path,
     choose_pods,
     has_failed_sidecar,
     identity_label,
@@ -57,6 +67,7 @@ from airflow_stateful.kubernetes.pods import (
     lease_secret_ref,
     pod_epoch,
     pod_s3_fields,
+    prefer_node,
     state_parts,
     terminated,
 )
@@ -92,6 +103,13 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
     :param s3_endpoint_url: S3-compatible endpoint for the pod; default: the connection's
         ``endpoint_url``. (templated)
     :param termination_grace_period: seconds the pod has to save after ``on_kill`` or a deletion.
+    :param restore_cache_host_path: an absolute directory on the nodes for the restore cache (a ``hostPath``
+        volume, created if missing, mounted at ``/var/cache/airflow-stateful`` in the containers that run the
+        client): the client restores through it and fills it after each save, and the operator *prefers*
+        (never requires) the node that wrote the checkpoint the pod resumes from. Default ``None``: no cache,
+        no preference. Needs a namespace that admits ``hostPath`` volumes; see docs/kubernetes.md.
+    :param restore_cache_max_bytes: the size the cache is kept under on each node (least recently used chunks
+        are evicted); default 2 GiB, as ``[stateful] restore_cache_max_bytes``.
     """
 
     template_fields: Sequence[str] = (
@@ -113,6 +131,8 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
         credentials_secret: str | None = None,
         s3_endpoint_url: str | None = None,
         termination_grace_period: int | None = 60,
+        restore_cache_host_path: str | None = None,
+        restore_cache_max_bytes: int = RESTORE_CACHE_MAX_BYTES,
         deferrable: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -132,6 +152,18 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
             raise InvalidValueError(
                 f"state_mode={state_mode!r} needs client_image (an image with the client)"
             )
+        if restore_cache_host_path is not None:
+            restore_cache_host_path = check_restore_cache_host_path(
+                restore_cache_host_path, state_dir=state_dir.rstrip("/")
+            )
+        if (
+            isinstance(restore_cache_max_bytes, bool)
+            or not isinstance(restore_cache_max_bytes, int)
+            or not 1 <= restore_cache_max_bytes <= 1 << 50
+        ):
+            raise InvalidValueError(
+                f"restore_cache_max_bytes must be a number of bytes from 1 to 2**50, not {restore_cache_max_bytes!r}"
+            )
         super().__init__(termination_grace_period=termination_grace_period, deferrable=False, **kwargs)
         self.state_mode = state_mode
         self.state_dir = state_dir.rstrip("/")
@@ -140,8 +172,11 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
         self.client_command = list(client_command)
         self.credentials_secret = credentials_secret
         self.s3_endpoint_url = s3_endpoint_url
+        self.restore_cache_host_path = restore_cache_host_path
+        self.restore_cache_max_bytes = restore_cache_max_bytes
         self._session: WriterSession | None = None
         self._pod_state: PodState | None = None
+        self._preferred_node: str | None = None
         self._stop_requested = False
 
     # -- the pre-start step ----------------------------------------------------------------------------------
@@ -158,7 +193,54 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
             # empty checkpoint at this version; the old one stays in the history.
             info = session.commit(None, keep_files=False)
             log.warning("committed empty checkpoint %d at schema %d", info.seq, self.schema_version)
-        return self._attach(context, hook, session)
+        state = self._attach(context, hook, session)
+        self._preferred_node = self.preferred_node(session)
+        return state
+
+    @property
+    def restore_cache(self) -> RestoreCache | None:
+        """The node's restore cache the pod mounts, or ``None`` (``restore_cache_host_path`` unset)."""
+        if self.restore_cache_host_path is None:
+            return None
+        return RestoreCache(host_path=self.restore_cache_host_path, max_bytes=self.restore_cache_max_bytes)
+
+    def preferred_node(self, session: WriterSession) -> str | None:
+        """The node whose restore cache holds the files the pod restores, or ``None``; says which, or why not.
+
+        That is the node of the checkpoint the session started from (a migration commits on the worker, but
+        keeps that checkpoint's files). Only with the cache on, and only a preference: see :func:`prefer_node`.
+        """
+        latest, start = session.latest, session.start
+        if self.restore_cache_host_path is None:
+            log.debug(
+                "no node preference: restore_cache_host_path is not set (no restore cache on the nodes)"
+            )
+            return None
+        if latest is None or start is None or not latest.has_files:
+            log.info(
+                "no node preference: %s",
+                "there is no checkpoint yet"
+                if latest is None
+                else f"checkpoint {latest.seq} has no files to restore",
+            )
+            return None
+        node = start.writer.node
+        if not node:
+            log.info(
+                "no node preference: checkpoint %d records no node (written by %s, outside Kubernetes or by a "
+                "pod without NODE_NAME)",
+                start.seq,
+                start.writer.describe(),
+            )
+            return None
+        log.info(
+            "preferring node %s, where checkpoint %d was written (its restore cache holds its chunks); not "
+            "required: the pod runs anywhere if %s is gone",
+            node,
+            start.seq,
+            node,
+        )
+        return node
 
     def _attach(self, context: Any, hook: StateHook, session: WriterSession) -> PodState:
         options = hook.s3_options() if hook.backend_url.startswith("s3://") else {}
@@ -232,14 +314,21 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
             client_image=self.client_image,
             client_command=self.client_command,
             credentials_secret=self.credentials_secret,
+            restore_cache=self.restore_cache,
+            runtime_env=self.pod_runtime_info_envs or [],
         )
         try:
             for name in _POD_ARGUMENTS:
                 setattr(self, name, getattr(parts, name))
-            return super().build_pod_request_obj(context, dry_run=dry_run)
+            pod = super().build_pod_request_obj(context, dry_run=dry_run)
         finally:
             for name, value in saved.items():
                 setattr(self, name, value)
+        if self._preferred_node is not None and pod.spec is not None:
+            # Added to the finished pod: after pod templates, full_pod_spec and pod_mutation_hook set theirs,
+            # so every term they set is kept (the provider's merge would replace a template's affinity).
+            pod.spec.affinity = prefer_node(_affinity(pod.spec.affinity), self._preferred_node)
+        return pod
 
     def find_stateful_pods(self, namespace: str, pod_state_identity: Any) -> list[k8s.V1Pod]:
         """Every pod of an identity (any run, try or epoch), found by label."""
@@ -295,6 +384,7 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
     # -- running -----------------------------------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
         self._session, self._pod_state, self._stop_requested = None, None, False
+        self._preferred_node = None
         self.pod = self.pod_request_obj = self.remote_pod = None
         hook = self.state_hook()
         identity = self.stateful_identity(context)
@@ -377,6 +467,16 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
         super().on_kill()
 
 
+def _affinity(value: Any) -> k8s.V1Affinity | None:
+    """A pod's affinity as a ``V1Affinity`` (KubernetesPodOperator leaves ``{}`` when there is none; a
+    mutation hook may set a dict)."""
+    if not value:
+        return None
+    if isinstance(value, k8s.V1Affinity):
+        return value
+    return convert_affinity(value)
+
+
 def _api_message(exc: ApiException) -> str:
     """The ``message`` of the API server's Status answer (it never echoes a Secret's data), else the reason."""
     try:
@@ -391,6 +491,7 @@ PodStatePlan = PodState
 __all__ = [
     "EPOCH_LABEL",
     "IDENTITY_LABEL",
+    "RESTORE_CACHE_MOUNT",
     "RESTORE_CONTAINER",
     "RUN_LABEL",
     "SIDECAR_CONTAINER",
