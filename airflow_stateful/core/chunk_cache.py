@@ -348,8 +348,9 @@ class LocalChunkCache(ChunkCache):
                 except OSError as exc:
                     self._reads = self._writes = False
                     log.warning(
-                        "restore cache %s not used: %s; restoring without it (set [stateful] "
-                        "restore_cache_dir to a directory of this user's, or to an empty value to turn it off)",
+                        "restore cache %s not used: %s; restoring without it (point [stateful] "
+                        "restore_cache_dir, or STATEFUL_RESTORE_CACHE_DIR in a pod, at a directory of this "
+                        "user's, or set it empty to turn the cache off)",
                         self.directory,
                         exc,
                     )

@@ -148,7 +148,7 @@ class WriterInfo:
         if self.run_id:
             parts.append(f"run {self.run_id}")
         if self.pod:
-            parts.append(f"pod {self.pod}")
+            parts.append(f"pod {self.pod}" + (f" on node {self.node}" if self.node else ""))
         elif self.host:
             parts.append(f"host {self.host}")
         return ", ".join(parts) or "an unknown writer"
