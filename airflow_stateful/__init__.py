@@ -20,6 +20,7 @@ _LAZY = {
     "CheckpointInfo": "airflow_stateful.task_state",
     "StateHook": "airflow_stateful.hooks.state",
     "StatefulGCOperator": "airflow_stateful.operators.gc",
+    "StatefulStuckCheckOperator": "airflow_stateful.operators.stuck",
     "S3StateStoreBackend": "airflow_stateful.backends.task_state_store",
     "StatefulError": "airflow_stateful.core.errors",
     "FencedError": "airflow_stateful.core.errors",

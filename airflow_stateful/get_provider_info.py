@@ -65,6 +65,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_stateful.operators.stateful",
                     "airflow_stateful.operators.python",
                     "airflow_stateful.operators.gc",
+                    "airflow_stateful.operators.stuck",
                     # Needs the `kubernetes` extra; metadata only, never imported by Airflow (see above).
                     "airflow_stateful.operators.kubernetes",
                 ],

@@ -1,10 +1,19 @@
-"""Stateful maintenance: a daily GC of the checkpoint store, so it never grows without bound.
+"""Stateful maintenance: a daily GC of the checkpoint store, so it never grows without bound, and a stuck check.
 
-One ``StatefulGCOperator`` task applies the store-wide policies of ``airflow-stateful gc`` to the
-``[stateful]`` backend: identities idle for 30 days are deleted, history is pruned to the newest 5
-checkpoints, objects left by crashed commits or half-done purges (older than an hour) and expired task
-state documents are removed. Identities under a live lease are never touched. The task returns a JSON
-report (XCom). Run it alone (state in ``$AIRFLOW_HOME/stateful`` unless configured)::
+``StatefulGCOperator`` applies the store-wide policies of ``airflow-stateful gc`` to the ``[stateful]`` backend:
+identities idle for 30 days are deleted, history is pruned to the newest 5 checkpoints, objects left by crashed
+commits or half-done purges (older than an hour) and expired task state documents are removed. Identities under
+a live lease are never touched. It returns a JSON report (XCom).
+
+``StatefulStuckCheckOperator`` runs ``airflow-stateful stuck``: it fails, naming them, when a writer holds a live
+lease but has committed nothing for longer than its ``expected_checkpoint_interval`` (else ``[stateful]
+expected_checkpoint_interval``, 1 hour). Dead writers (lease expired) are Airflow's to retry and never fail it.
+It sends ``stateful.stuck_identities`` and returns its report (XCom). The two tasks are independent: a failed
+check never holds up the GC. A daily check finds a writer stuck at that moment; to be told within the hour, run
+the same operator in a DAG of its own with ``schedule="@hourly"`` (it only reads heads: one listing and one small
+GET per identity).
+
+Run it alone (state in ``$AIRFLOW_HOME/stateful`` unless configured)::
 
     AIRFLOW__CORE__DAGS_FOLDER=dags python dags/stateful_maintenance.py
 """
@@ -16,6 +25,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import dag
 
 from airflow_stateful.operators.gc import StatefulGCOperator
+from airflow_stateful.operators.stuck import StatefulStuckCheckOperator
 
 
 @dag(
@@ -36,6 +46,13 @@ def stateful_maintenance() -> None:
         dry_run=False,
     )
     # [END stateful_maintenance]
+    # [START stateful_stuck_check]
+    StatefulStuckCheckOperator(
+        task_id="stuck_check",
+        prefix="",  # or "my_dag/" (templated)
+        fail_on_stuck=True,
+    )
+    # [END stateful_stuck_check]
 
 
 dag_object = stateful_maintenance()

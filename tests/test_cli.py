@@ -78,13 +78,14 @@ def test_ls_lists_identities_as_a_table_and_as_json(
     code, out, _ = cli(capsys, backend, "ls")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["IDENTITY", "SEQ", "KEPT", "BYTES", "EPOCH", "LEASE", "UPDATED"]
+    assert lines[0].split() == ["IDENTITY", "SEQ", "KEPT", "BYTES", "EPOCH", "LEASE", "STATUS", "UPDATED"]
     assert any(line.startswith(WATERMARK.key) and " 3 " in line for line in lines)
     code, out, _ = cli(capsys, backend, "ls", "--json")
     rows = {r["identity"]: r for r in json.loads(out)}
     assert set(rows) == {WATERMARK.key, BATCH.key}
     assert rows[WATERMARK.key]["seq"] == 3 and rows[WATERMARK.key]["lease"] is None
     assert rows[BATCH.key]["lease"] is not None
+    assert (rows[WATERMARK.key]["status"], rows[BATCH.key]["status"]) == ("idle", "active")
     code, out, _ = cli(capsys, backend, "ls", "etl/load/", "--json")
     assert [r["identity"] for r in json.loads(out)] == [WATERMARK.key]
 

@@ -68,7 +68,7 @@ EXAMPLES = {
     "task_state_store": ["task_state_store"],
     "checkpoint_sensor": ["checkpoint_sensor", "lease_released_sensor"],
     "kubernetes_training": ["kubernetes_training_wrapped", "kubernetes_training_sidecar"],
-    "stateful_maintenance": ["stateful_maintenance"],
+    "stateful_maintenance": ["stateful_maintenance", "stateful_stuck_check"],
 }
 
 

@@ -368,12 +368,14 @@ def test_cli_du_reports_bytes_checkpoints_idle_age_and_cost(
 
 
 # -- Airflow ---------------------------------------------------------------------------------------------
-def _returned(run: Any) -> Any:
+def _returned(run: Any, task_id: str = "gc") -> Any:
     from airflow import settings
     from airflow.models.xcom import XComModel
 
     with settings.Session() as session:
-        query = XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, key="return_value")
+        query = XComModel.get_many(
+            run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key="return_value"
+        )
         return XComModel.deserialize_value(session.scalars(query).one())
 
 

@@ -81,6 +81,7 @@ def test_provider_info_names_only_what_exists() -> None:
             "airflow_stateful.operators.stateful": {"StatefulOperator"},
             "airflow_stateful.operators.python": {"StatefulPythonOperator"},
             "airflow_stateful.operators.gc": {"StatefulGCOperator"},
+            "airflow_stateful.operators.stuck": {"StatefulStuckCheckOperator"},
             "airflow_stateful.operators.kubernetes": {"StatefulKubernetesPodOperator"},
         },
         "sensors": {"airflow_stateful.sensors.checkpoint": {"CheckpointSensor", "LeaseReleasedSensor"}},

@@ -1,8 +1,15 @@
 """``airflow-stateful``: inspect, verify, roll back, unlock and clean checkpointed state.
 
-Exit codes scripts can rely on: 0 success; 1 a problem was found (``verify`` saw corruption); 2 bad usage or
+Exit codes scripts can rely on: 0 success; 1 a problem was found (``verify`` saw corruption, ``ls``/``du`` a
+head they could not read, ``outputs --get`` a download that does not match its recorded SHA-256); 2 bad usage or
 configuration; 3 refused because of a lease (a live writer holds the identity; ``--force`` overrides);
-4 no such identity or checkpoint.
+4 no such identity, checkpoint or output.
+
+``stuck`` is made for cron and monitoring: 0 nothing is stuck; 1 at least one identity is stuck (alive, renewing
+its lease, but committing nothing for longer than its expected checkpoint interval); 2 the check could not be
+made or is incomplete (bad usage or configuration, the store could not be listed, a head could not be read) and
+nothing was found stuck. Dead identities (lease expired: the writer is gone) are never stuck: they are named on
+stderr but do not change the exit code.
 
 The backend is ``--backend URL``, else ``AIRFLOW__STATEFUL__BACKEND_URL``, else ``[stateful] backend_url`` of
 the Airflow installation. S3 credentials and endpoint come from the Airflow connection (``--conn-id``, else
@@ -13,6 +20,7 @@ the Airflow installation. S3 credentials and endpoint come from the Airflow conn
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -23,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_stateful.cli.output import TABLE_PAGE, emit
-from airflow_stateful.core.catalog import list_identities, read_heads
+from airflow_stateful.core import config
+from airflow_stateful.core.catalog import list_identities
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.durations import parse_duration
 from airflow_stateful.core.errors import (
@@ -37,8 +46,11 @@ from airflow_stateful.core.errors import (
 from airflow_stateful.core.gc import apply_gc, group_by_identity, plan_gc
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.item_progress import ItemProgress
-from airflow_stateful.core.records import HeadRecord, WriterInfo
+from airflow_stateful.core.outputs import OutputInfo, check_output_name, content_sha256
+from airflow_stateful.core.records import HeadRecord, Manifest, WriterInfo
+from airflow_stateful.core.status import STATUSES, WorkStatus
 from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.core.stuck import IdentityStatus, find_stuck, identity_statuses
 from airflow_stateful.core.usage import DEFAULT_PRICE_PER_GB_MONTH, GB, disk_usage
 
 _log = logging.getLogger("airflow_stateful")
@@ -62,6 +74,8 @@ def open_store(args: argparse.Namespace) -> ObjectStore:
         endpoint_url=args.endpoint_url or os.environ.get("STATEFUL_S3_ENDPOINT_URL") or None,
     )
     args.lease_grace = hook.lease_grace
+    if getattr(args, "default_interval", None) is None:
+        args.default_interval = timedelta(seconds=hook.settings.expected_checkpoint_interval)
     _logs_to_stderr()  # after Airflow (imported above) configured logging, before boto3 logs anything
     return hook.get_store()
 
@@ -73,30 +87,31 @@ def checkpoints_of(store: ObjectStore, key: str) -> CheckpointStore:
     return cs
 
 
-LS_COLUMNS = ["identity", "seq", "kept", "bytes", "epoch", "lease", "updated"]
+LS_COLUMNS = ["identity", "seq", "kept", "bytes", "epoch", "lease", "status", "updated"]
 
 
 def _cmd_ls(args: argparse.Namespace, store: ObjectStore) -> int:
     """One delimited listing (an entry per identity), the heads read a few at a time, each row printed as
-    soon as it and those before it are read. A head that cannot be read is a row with its ``error``, the
-    others are still listed, and the exit code is 1."""
+    soon as it and those before it are read. A head that cannot be read is a row with its ``error`` (shown
+    whatever ``--status`` asks for: its status is unknown), the others are still listed, and the exit code
+    is 1. ``status`` is :func:`~airflow_stateful.core.status.work_status` at the moment the head was read."""
     errors = 0
+    wanted = set(args.status or STATUSES)
 
     def rows() -> Iterator[dict[str, Any]]:
         nonlocal errors
-        for read in read_heads(store, list_identities(store, args.prefix or "")):
-            if read.error is not None:
+        for item in identity_statuses(store, args.prefix or "", default_interval=args.default_interval):
+            if item.error is not None:
                 errors += 1
-                error = f"{type(read.error).__name__}: {read.error}"
-                yield {"identity": read.identity.key, **dict.fromkeys(LS_COLUMNS[1:]), "error": error}
-            elif read.head is not None:  # no head: objects left without state (gc removes them)
-                yield _ls_row(read.identity, read.head)
+                yield {"identity": item.identity.key, **dict.fromkeys(LS_COLUMNS[1:]), "error": item.error}
+            elif item.head is not None and item.status is not None and item.status.status in wanted:
+                yield _ls_row(item.identity, item.head, item.status)
 
     emit(rows(), LS_COLUMNS, as_json=args.json, page=TABLE_PAGE)
     return EXIT_PROBLEM if errors else EXIT_OK
 
 
-def _ls_row(identity: Identity, head: HeadRecord) -> dict[str, Any]:
+def _ls_row(identity: Identity, head: HeadRecord, status: WorkStatus) -> dict[str, Any]:
     latest = head.latest
     lease = head.lease
     return {
@@ -107,7 +122,123 @@ def _ls_row(identity: Identity, head: HeadRecord) -> dict[str, Any]:
         "epoch": head.epoch,
         "lease": lease.holder.describe() if lease else None,
         "updated": head.updated_at,
+        **status.to_json(),  # status, since_progress_seconds, checkpoint_age_seconds, ..., reason
     }
+
+
+STUCK_COLUMNS = ["identity", "holder", "since_progress", "expected", "renewed", "reason"]
+SHOWN_DEAD = 20
+"""Dead identities named on stderr by ``stuck`` (the JSON report has them all)."""
+
+
+def _cmd_stuck(args: argparse.Namespace, store: ObjectStore) -> int:
+    """The stuck check (:func:`~airflow_stateful.core.stuck.find_stuck`, as ``StatefulStuckCheckOperator``
+    runs it): the stuck identities on stdout (a table, or with ``--json`` the whole report: stuck, dead and
+    unreadable identities, counts), a summary and the dead ones on stderr. Exit 1 when any is stuck, else 2
+    when a head could not be read, else 0."""
+    if args.prefix and args.prefix_option and args.prefix != args.prefix_option:
+        raise ValueError(f"two different prefixes: {args.prefix!r} and --prefix {args.prefix_option!r}")
+    report = find_stuck(
+        store, args.prefix or args.prefix_option or "", default_interval=args.default_interval
+    )
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        emit([*map(_stuck_row, report.stuck), *map(_stuck_row, report.errors)], STUCK_COLUMNS, as_json=False)
+    print(report.summary(), file=sys.stderr)
+    if report.dead:
+        names = ", ".join(d.identity.key for d in report.dead[:SHOWN_DEAD])
+        more = f" and {len(report.dead) - SHOWN_DEAD} more" if len(report.dead) > SHOWN_DEAD else ""
+        print(
+            f"not stuck but dead (lease expired, the writer is gone; Airflow retries the task, "
+            f"`airflow-stateful unlock` frees it): {names}{more}",
+            file=sys.stderr,
+        )
+    if report.stuck:
+        return EXIT_PROBLEM
+    return EXIT_USAGE if report.errors else EXIT_OK
+
+
+def _stuck_row(item: IdentityStatus) -> dict[str, Any]:
+    if item.error is not None or item.status is None:
+        return {"identity": item.identity.key, "error": item.error}
+    lease = item.head.lease if item.head is not None else None
+    status = item.status
+    return {
+        "identity": item.identity.key,
+        "holder": lease.holder.describe() if lease else None,
+        "since_progress": _hms(status.since_progress),
+        "expected": _hms(status.expected_interval),
+        "renewed": lease.last_renewed if lease else None,
+        "reason": status.reason,
+    }
+
+
+def _hms(seconds: float | None) -> str | None:
+    return None if seconds is None else str(timedelta(seconds=int(max(seconds, 0))))
+
+
+OUTPUT_COLUMNS = ["name", "kind", "size", "sha256", "seq", "committed_at", "try", "location"]
+
+
+def _cmd_outputs(args: argparse.Namespace, store: ObjectStore) -> int:
+    """The outputs committed with the newest checkpoint (or ``--seq``); ``--get NAME --to DIR`` downloads one."""
+    if (args.get is None) != (args.to is None):
+        raise ValueError("--get NAME and --to DIR go together")
+    cs = checkpoints_of(store, args.identity)
+    manifest = cs.get(args.seq) if args.seq is not None else cs.latest()
+    if manifest is None:
+        raise CheckpointNotFoundError(f"identity {args.identity!r} has no checkpoint yet, so no outputs")
+    outputs = cs.outputs(manifest)
+    if args.get is not None:
+        return _get_output(args, cs, manifest, outputs)
+    if args.json:
+        emit([info.to_json() for info in outputs.values()], OUTPUT_COLUMNS, as_json=True)
+    else:
+        rows = [{**info.to_json(), "try": info.try_number} for info in outputs.values()]
+        emit(rows, OUTPUT_COLUMNS, as_json=False)
+    return EXIT_OK
+
+
+def _get_output(
+    args: argparse.Namespace, cs: CheckpointStore, manifest: Manifest, outputs: dict[str, OutputInfo]
+) -> int:
+    """Download output ``--get`` into ``--to`` (every chunk verified by the restore), then check the result
+    against the SHA-256 the checkpoint recorded for the whole output, as ``sha256sum`` would."""
+    name = check_output_name(args.get)
+    info = outputs.get(name)
+    if info is None:
+        have = ", ".join(outputs) or "none"
+        raise CheckpointNotFoundError(
+            f"checkpoint {manifest.seq} of {cs.identity} has no output {name!r}; its outputs: {have}"
+        )
+    dest = Path(args.to)
+    written = cs.restore_output(name, dest, manifest=manifest)
+    target = dest / name
+    if info.kind == "directory":
+        target.mkdir(parents=True, exist_ok=True)  # an empty directory output has no file to create it
+        listed = [(p.relative_to(target).as_posix(), p.stat().st_size, _sha256_of(p)) for p in written]
+    else:
+        listed = [("", target.stat().st_size, _sha256_of(target))]
+    found = content_sha256(info.kind, listed)
+    if found != info.sha256:
+        raise CheckpointCorruptError(
+            f"output {name!r} downloaded to {target} has SHA-256 {found}, not the {info.sha256} checkpoint "
+            f"{manifest.seq} recorded: do not use it"
+        )
+    if args.json:
+        print(json.dumps({**info.to_json(), "path": str(target), "files": len(written)}, indent=2))
+    else:
+        print(target)
+    return EXIT_OK
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
@@ -361,6 +492,37 @@ def _duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _interval(text: str) -> timedelta:
+    """argparse type for ``--default-interval``: a duration of at least a second."""
+    interval = _duration(text)
+    if interval < timedelta(seconds=1):
+        raise argparse.ArgumentTypeError(f"must be at least 1 second, not {text!r}")
+    return interval
+
+
+def _statuses(text: str) -> list[str]:
+    """argparse type for ``--status``: one status or a comma list (the option may also be repeated)."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in STATUSES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: choose from {', '.join(STATUSES)} (several: a comma list or --status again)"
+        )
+    return names
+
+
+def _add_default_interval(p: argparse.ArgumentParser) -> None:
+    default = _hms(config.EXPECTED_CHECKPOINT_INTERVAL.total_seconds())
+    p.add_argument(
+        "--default-interval",
+        type=_interval,
+        metavar="DURATION",
+        help="how long a live lease may go without a commit before it is stuck, for leases that record no "
+        "expected_checkpoint_interval of their own (default: [stateful] expected_checkpoint_interval, "
+        f"{default} unless configured)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -375,9 +537,47 @@ def build_parser() -> argparse.ArgumentParser:
         prog="airflow-stateful", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="verb", required=True)
-    p = sub.add_parser("ls", parents=[common], help="list identities")
+    p = sub.add_parser(
+        "ls", parents=[common], help="list identities with their status (active, stuck, dead, idle)"
+    )
     p.add_argument("prefix", nargs="?")
+    p.add_argument(
+        "--status",
+        type=_statuses,
+        action="extend",
+        metavar="STATUS",
+        help=f"only identities with this status: {', '.join(STATUSES)}; a comma list or repeated for several",
+    )
+    _add_default_interval(p)
     p.set_defaults(run=_cmd_ls)
+    p = sub.add_parser(
+        "stuck",
+        parents=[common],
+        help="list stuck identities (live lease, no commit for too long); exit 0 none, 1 some, 2 error",
+        description="List identities whose writer is alive (its lease is renewed) but has committed nothing "
+        "for longer than its expected checkpoint interval. Dead identities (lease expired) are not stuck: "
+        "they are named on stderr and do not change the exit code. Exit codes: 0 nothing stuck; 1 at least "
+        "one identity stuck; 2 the check could not be made or is incomplete (bad usage or configuration, the "
+        "store could not be listed, a head could not be read) and nothing was found stuck.",
+    )
+    p.add_argument("prefix", nargs="?", help="only identities whose key starts with this (or --prefix)")
+    p.add_argument(
+        "--prefix", dest="prefix_option", metavar="PREFIX", help="the same as the positional prefix"
+    )
+    _add_default_interval(p)
+    p.set_defaults(run=_cmd_stuck, error_exit=EXIT_USAGE)
+    p = sub.add_parser(
+        "outputs",
+        parents=[common],
+        help="list the outputs committed with a checkpoint, or download one (--get NAME --to DIR)",
+    )
+    p.add_argument("identity")
+    p.add_argument("--seq", type=int, help="a kept checkpoint (default: the newest)")
+    p.add_argument(
+        "--get", metavar="NAME", help="download this output (verified) to DIR/NAME; print the path"
+    )
+    p.add_argument("--to", type=Path, metavar="DIR", help="where --get puts the output")
+    p.set_defaults(run=_cmd_outputs)
     for name, fn, text in (
         ("show", _cmd_show, "an identity's head and latest checkpoint"),
         ("history", _cmd_history, "kept checkpoints"),
@@ -450,6 +650,9 @@ def _logs_to_stderr() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace, ObjectStore], int] = args.run
+    # A command whose exit 1 means a finding (``stuck``) turns every failure into this code instead, so a
+    # monitor never takes a broken check for a finding.
+    error_exit: int | None = getattr(args, "error_exit", None)
     try:
         store = open_store(args)
         try:
@@ -467,4 +670,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except StatefulError as exc:
         print(f"airflow-stateful: {exc}", file=sys.stderr)
-        return EXIT_PROBLEM
+        return EXIT_PROBLEM if error_exit is None else error_exit
+    except Exception as exc:
+        if error_exit is None:
+            raise
+        print(f"airflow-stateful: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return error_exit
