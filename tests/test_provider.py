@@ -202,7 +202,12 @@ def test_airflow_plugins_loads_our_plugin_once_from_the_entry_point() -> None:
     assert plugin["fastapi_apps"] == [
         {"app": "fastapi.applications.FastAPI", "url_prefix": "/stateful", "name": "Stateful"}
     ]
-    assert [v["href"] for v in plugin["external_views"]] == ["/stateful/"]
+    # The Browse entry, and the Checkpoints tabs on the task instance and DAG run pages.
+    assert {v["destination"]: v["href"] for v in plugin["external_views"]} == {
+        "nav": "/stateful/",
+        "task_instance": "/stateful/ti/{DAG_ID}/{RUN_ID}/{TASK_ID}?map_index={MAP_INDEX}",
+        "dag_run": "/stateful/run/{DAG_ID}/{RUN_ID}",
+    }
 
 
 def test_airflow_config_lists_the_stateful_section_with_defaults() -> None:

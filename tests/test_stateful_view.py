@@ -26,6 +26,7 @@ import tempfile
 import threading
 import urllib.request
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -219,6 +220,48 @@ def test_the_configured_backend_is_read_from_stateful_backend_url(
     body = view().get("/api/identities").json()
     assert body["backend_url"].endswith("/configured")
     assert len(body["identities"]) == 4
+
+
+def test_the_status_column_and_filter_follow_work_status(
+    local_store: ObjectStore, tmp_path: Path, admin: dict[str, str]
+) -> None:
+    updated = populate(local_store, tmp_path)
+    # 60 s after the last write, with 30 s expected between commits: the lease holders are stuck
+    soon = max(updated.values()) + 60
+    app = create_app(local_store, clock=lambda: soon, default_interval=timedelta(seconds=30))
+    client = TestClient(app, headers=admin)
+    body = client.get("/api/identities").json()
+    status = {row["identity"]: row["status"]["status"] for row in body["identities"]}
+    assert status == {
+        RUN_IDENTITY.key: "stuck",
+        NAMED_IDENTITY.key: "idle",
+        MAPPED_IDENTITY.key: "stuck",  # took the lease, never committed
+        "team-a/custom-job": "stuck",
+    }
+    assert body["status_counts"] == {"active": 0, "stuck": 3, "dead": 0, "idle": 1}
+    run = next(row for row in body["identities"] if row["identity"] == RUN_IDENTITY.key)
+    assert "committed nothing for 0:01:" in run["status"]["reason"]
+    assert run["status"]["expected_interval_seconds"] == 30
+    idle = client.get("/api/identities", params={"status": "idle"}).json()["identities"]
+    assert [row["identity"] for row in idle] == [NAMED_IDENTITY.key]
+    both = client.get("/api/identities", params={"status": "idle, stuck"}).json()["identities"]
+    assert len(both) == 4
+    bad = client.get("/api/identities", params={"status": "stuck,<b>"})
+    assert bad.status_code == 400 and "'stuck,<b>'" in bad.json()["detail"]
+    page = client.get("/", params={"status": "idle"}).text
+    assert "1 of 4 identities with status idle" in page
+    assert '<span class="st st-idle" title="no writer holds the lease">idle</span>' in page
+    assert '<a href="?status=stuck">stuck (3)</a>' in page and "<b>idle (1)</b>" in page
+    assert 'href="api/identities?status=idle"' in page
+    assert "etl-load-0" not in page  # the stuck run identity is filtered out
+    # an hour later every lease has expired: dead, with the holder named in the reason (the title)
+    later = TestClient(create_app(local_store, clock=lambda: soon + 3600), headers=admin)
+    rows = later.get("/api/identities", params={"status": "dead"}).json()["identities"]
+    assert {row["identity"] for row in rows} == {RUN_IDENTITY.key, MAPPED_IDENTITY.key, "team-a/custom-job"}
+    text = later.get("/").text
+    assert 'class="st st-dead" title="the lease of try 2, run ' in text
+    # run identities link to their Checkpoints page
+    assert f'href="/stateful/ti/etl/{quote(RUN_ID, safe="")}/load?map_index=-1">Checkpoints</a>' in text
 
 
 def test_human_age() -> None:

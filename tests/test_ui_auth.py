@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from checkpoint_history import write_run
 
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.identity import Identity
@@ -56,10 +57,26 @@ INGEST = Identity.for_task(dag_id="ingest", task_id="watermark", name="nightly")
 GHOST = Identity.for_task(dag_id="ghost", task_id="t", run_id="r")  # a DAG Airflow does not know
 FREE = Identity.parse("team-a/custom-job")  # not a task identity
 FREE_IN_ETL = Identity.parse("etl/custom-job")  # not a task identity either, though it starts like etl's
-EVERY = {ETL.key, TRAIN.key, INGEST.key, GHOST.key, FREE.key, FREE_IN_ETL.key}
+#: the state of run manual__1 of etl's other tasks (tests/checkpoint_history.py: a task instance in each status)
+RUN_STATE = {
+    "etl/enrich/run=manual__1/map=-1",
+    *(f"etl/score/run=manual__1/map={n}" for n in range(3)),
+    "etl/publish/run=manual__1/map=-1",
+    "etl/watermark/name=nightly/map=-1",
+    "etl/watermark/name=weekly/map=-1",
+    "etl/load/run=manual__other/map=-1",
+}
+EVERY = {ETL.key, TRAIN.key, INGEST.key, GHOST.key, FREE.key, FREE_IN_ETL.key, *RUN_STATE}
 
 DAG_FILES = {
-    "team_a": 'from airflow.sdk import DAG\nwith DAG("etl", schedule=None): pass\nwith DAG("train", schedule=None): pass\n',
+    "team_a": (
+        "from airflow.sdk import DAG, task\n"
+        'with DAG("etl", schedule=None):\n'
+        "    @task\n    def load(): pass\n"
+        "    @task\n    def enrich(): pass\n"
+        "    load() >> enrich()\n"
+        'with DAG("train", schedule=None): pass\n'
+    ),
     "team_b": 'from airflow.sdk import DAG\nwith DAG("ingest", schedule=None): pass\n',
 }
 API_SERVER = ("api-server", "--host", "127.0.0.1", "--workers", "1")
@@ -113,6 +130,7 @@ def _populate(state: Path) -> None:
         checkpoints = CheckpointStore(store=store, identity=identity)
         lease = checkpoints.acquire(holder=WriterInfo(host="worker-7", pid=4242, run_id="manual__1"))
         checkpoints.commit(lease, {"n": 1})
+    write_run(store, "etl", "manual__1", state.parent / "files", now=time.time())
 
 
 def _environment(home: Path, state: Path, port: int) -> dict[str, str]:
@@ -276,13 +294,11 @@ def test_admin_sees_every_identity_and_the_backend(server: Server) -> None:
 
 def test_viewer_sees_only_the_dags_airflow_lets_them_read(server: Server) -> None:
     body = server.json("/stateful/api/identities", user="viewer")
-    assert {row["identity"] for row in body["identities"]} == {ETL.key, TRAIN.key}
+    assert {row["identity"] for row in body["identities"]} == {ETL.key, TRAIN.key, *RUN_STATE}
     # ingest/ is a DAG they may not read: an empty listing, not an error that confirms it exists
     assert server.json("/stateful/api/identities?prefix=ingest/", user="viewer")["identities"] == []
-    assert (
-        server.json("/stateful/api/identities?prefix=e", user="viewer")["identities"][0]["identity"]
-        == ETL.key
-    )
+    starting_with_e = server.json("/stateful/api/identities?prefix=e", user="viewer")["identities"]
+    assert {row["identity"] for row in starting_with_e} == {ETL.key, *RUN_STATE}
     status, _, page = server.get("/stateful/", user="viewer")
     assert status == 200
     assert b"etl" in page and b"train" in page
@@ -304,6 +320,42 @@ def test_history_of_a_dag_the_viewer_may_not_read_is_403_whether_it_exists_or_no
         assert status == 403, (identity.key, status, body)
     missing = Identity.for_task(dag_id="etl", task_id="none", run_id="x")
     assert server.get(history_path(missing), user="viewer")[0] == 404
+
+
+TI_TAB = "/stateful/ti/{dag}/manual__1/{task}?map_index=-1"
+RUN_TAB = "/stateful/run/{dag}/manual__1"
+
+
+def test_the_checkpoints_tabs_need_a_login_and_read_access_to_the_dag(server: Server) -> None:
+    etl_tabs = [TI_TAB.format(dag="etl", task="enrich"), RUN_TAB.format(dag="etl")]
+    ingest_tabs = [TI_TAB.format(dag="ingest", task="watermark"), RUN_TAB.format(dag="ingest")]
+    for path in etl_tabs + [p.replace("/stateful/", "/stateful/api/") for p in etl_tabs]:
+        status, _, body = server.get(path)
+        assert status == 401, (path, status, body[:300])
+        assert b"worker-" not in body and b"enrich" not in body
+    for path in ingest_tabs + [p.replace("/stateful/", "/stateful/api/") for p in ingest_tabs]:
+        status, _, body = server.get(path, user="viewer")
+        assert status == 403, (path, status, body[:300])  # whether the DAG or its state exists or not
+        assert b"worker-" not in body and b"nightly" not in body
+        assert server.get(path, user="admin")[0] == 200, path
+    status, headers, page = server.get(etl_tabs[0], user="viewer")
+    assert status == 200 and b"State of this run" in page and b"<svg" in page
+    assert "frame-ancestors 'self'" in headers["content-security-policy"]
+    rows = server.json(etl_tabs[1].replace("/stateful/", "/stateful/api/"), user="viewer")["task_instances"]
+    not_of_this_run = {"etl/watermark/name=weekly/map=-1", "etl/load/run=manual__other/map=-1"}
+    assert {row["identity"] for row in rows} == {ETL.key} | (RUN_STATE - not_of_this_run)
+    assert server.get("/stateful/run/ingest/manual__1", cookie="viewer", accept="text/html")[0] == 403
+
+
+def test_airflow_lists_the_tabs_among_the_plugins_external_views(server: Server) -> None:
+    plugins = server.json("/api/v2/plugins", user="admin")["plugins"]
+    (ours,) = [p for p in plugins if p["name"] == "stateful"]
+    views = {view["destination"]: view for view in ours["external_views"]}
+    assert views["task_instance"]["href"] == "/stateful/ti/{DAG_ID}/{RUN_ID}/{TASK_ID}?map_index={MAP_INDEX}"
+    assert views["task_instance"]["url_route"] == "stateful-checkpoints"
+    assert views["dag_run"]["href"] == "/stateful/run/{DAG_ID}/{RUN_ID}"
+    assert views["dag_run"]["url_route"] == "stateful-run-checkpoints"
+    assert views["nav"]["href"] == "/stateful/"
 
 
 def test_the_uis_session_cookie_authenticates_like_a_bearer_token(server: Server) -> None:
@@ -493,3 +545,72 @@ def test_the_ui_shows_the_view_to_a_logged_in_viewer_in_chromium(server: Server)
         assert page.evaluate("location.pathname") == f"/plugin/stateful{run_link}"
         logged = [e["params"]["entry"]["text"] for e in page.events if e.get("method") == "Log.entryAdded"]
         assert not [t for t in logged if "Content Security Policy" in t or "Unsafe attempt" in t], logged
+
+
+TAB_FRAME = """(() => {
+  const frame = document.querySelector('iframe');
+  const doc = frame && frame.contentDocument;
+  if (!doc || !doc.querySelector('h1') || !doc.querySelector('table')) return null;
+  return {text: doc.body.innerText, src: frame.getAttribute('src'), location: frame.contentWindow.location.href,
+          frame_background: getComputedStyle(doc.body).backgroundColor,
+          ui_background: getComputedStyle(document.documentElement).backgroundColor,
+          tabs: [...document.querySelectorAll('a, button')].map(e => e.textContent.trim())};
+})()"""
+
+
+def _trigger(server: Server, dag_id: str, run_id: str) -> None:
+    """A DAG run (queued; no scheduler runs here), so Airflow's UI has pages for its task instances."""
+    request = urllib.request.Request(
+        f"{server.base}/api/v2/dags/{dag_id}/dagRuns",
+        data=json.dumps({"dag_run_id": run_id, "logical_date": None}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {server.tokens['admin']}"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200, response.read()
+
+
+def test_the_checkpoints_tabs_show_in_the_ui_in_light_and_dark_mode(server: Server) -> None:
+    """The viewer opens the task instance page and the DAG run page of Airflow's UI, tab "Checkpoints": the UI
+    frames the view with the placeholders of the tab's href replaced. ``STATEFUL_UI_SCREENSHOT_DIR``: where to
+    save a PNG of each tab, in light and dark mode (docs/img/ holds the ones the docs show)."""
+    _trigger(server, "etl", "manual__1")
+    shots = os.environ.get("STATEFUL_UI_SCREENSHOT_DIR")
+    pages = {
+        "ti": "/dags/etl/runs/manual__1/tasks/enrich/plugin/stateful-checkpoints",
+        "run": "/dags/etl/runs/manual__1/plugin/stateful-run-checkpoints",
+    }
+    with chromium_page() as page:
+        page("Log.enable")
+        page("Network.setCookie", name="_token", value=server.tokens["viewer"], url=server.base, path="/")
+        page("Emulation.setDeviceMetricsOverride", width=1400, height=1300, deviceScaleFactor=1, mobile=False)
+        backgrounds = {}
+        for name, path in pages.items():
+            for mode in ("light", "dark"):
+                page("Emulation.setEmulatedMedia", features=[{"name": "prefers-color-scheme", "value": mode}])
+                page("Page.navigate", url=f"{server.base}{path}")
+                frame = _wait_for(page, TAB_FRAME)
+                assert "Checkpoints" in frame["tabs"], frame["tabs"]
+                if name == "ti":
+                    # unmapped: the UI had no map index for {MAP_INDEX} and left it; the view reads it as -1
+                    assert frame["src"] == "/stateful/ti/etl/manual__1/enrich?map_index={MAP_INDEX}", frame[
+                        "src"
+                    ]
+                    assert "State of this run" in frame["text"] and "try 4 resumed" in frame["text"]
+                    assert "report.csv" in frame["text"]
+                else:
+                    assert frame["src"] == "/stateful/run/etl/manual__1", frame["src"]
+                    assert (
+                        "stuck" in frame["text"] and "dead" in frame["text"] and "score [1]" in frame["text"]
+                    )
+                backgrounds[name, mode] = (frame["frame_background"], frame["ui_background"])
+                if shots:
+                    png = base64.b64decode(page("Page.captureScreenshot", format="png")["data"])
+                    Path(shots, f"checkpoints-{name}-{mode}.png").write_bytes(png)
+        # the view follows the browser's colour scheme, and then has the UI's own background (which follows it
+        # too while the UI's theme is "system", its default)
+        for (name, mode), (frame_background, ui_background) in backgrounds.items():
+            assert frame_background == ui_background, (name, mode, frame_background, ui_background)
+        assert backgrounds["ti", "light"][0] == "rgb(255, 255, 255)" != backgrounds["ti", "dark"][0]
+        logged = [e["params"]["entry"]["text"] for e in page.events if e.get("method") == "Log.entryAdded"]
+        assert not [t for t in logged if "Content Security Policy" in t], logged

@@ -78,10 +78,11 @@ def work_status(
     head: HeadRecord | None,
     *,
     now: float,
-    default_interval: timedelta = config.EXPECTED_CHECKPOINT_INTERVAL,
+    default_interval: timedelta | None = None,
 ) -> WorkStatus:
     """Judge ``head`` at ``now`` (seconds since the epoch). ``default_interval`` applies to a lease whose holder
-    declared none (a writer of an older release, the CLI's rollback)."""
+    declared none (a writer of an older release, the CLI's rollback); ``None``: the built-in default (1 h)."""
+    default_interval = default_interval or config.EXPECTED_CHECKPOINT_INTERVAL
     newest = head.latest if head is not None else None
     checkpoint_age = now - parse_iso(newest.created_at) if newest is not None else None
     lease = head.lease if head is not None else None

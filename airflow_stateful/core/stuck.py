@@ -58,7 +58,7 @@ def identity_statuses(
     store: ObjectStore,
     prefix: str = "",
     *,
-    default_interval: timedelta = config.EXPECTED_CHECKPOINT_INTERVAL,
+    default_interval: timedelta | None = None,
     clock: Callable[[], float] = time.time,
     readers: int = HEAD_READERS,
 ) -> Iterator[IdentityStatus]:
@@ -132,7 +132,7 @@ def find_stuck(
     store: ObjectStore,
     prefix: str = "",
     *,
-    default_interval: timedelta = config.EXPECTED_CHECKPOINT_INTERVAL,
+    default_interval: timedelta | None = None,
     clock: Callable[[], float] = time.time,
     readers: int = HEAD_READERS,
 ) -> StuckReport:
@@ -160,7 +160,7 @@ def find_stuck(
     return StuckReport(
         store=store.url,
         prefix=prefix,
-        default_interval=default_interval.total_seconds(),
+        default_interval=(default_interval or config.EXPECTED_CHECKPOINT_INTERVAL).total_seconds(),
         checked_at=checked_at,
         checked=sum(counts.values()),
         counts=dict(counts),

@@ -1,7 +1,8 @@
-"""The "Stateful" view in Airflow 3's UI: which identities hold state, who holds their lease, how big and idle.
+"""The "Stateful" view in Airflow 3's UI: which identities hold state, who holds their lease, how big and idle,
+and a "Checkpoints" tab on every task instance and DAG run page.
 
-Airflow's api-server mounts :data:`app` at ``/stateful`` (``fastapi_apps``) and the UI shows the page in its
-frame under Browse (``external_views``). The view itself, with its authentication and authorization, lives
+Airflow's api-server mounts :data:`app` at ``/stateful`` (``fastapi_apps``) and the UI shows the pages in its
+frame: the listing under Browse, the tabs on task instance and DAG run pages (``external_views``). The view itself, with its authentication and authorization, lives
 in :mod:`.view_app`, :mod:`.view_access` and :mod:`.view_rows`; see docs/ui-and-metrics.md.
 
 This module stays light on purpose: every Airflow process that loads plugins imports it, task processes
@@ -60,7 +61,11 @@ class StatefulPlugin(AirflowPlugin):
 
     name = "stateful"
     fastapi_apps: list[dict[str, Any]] = [{"app": app, "url_prefix": URL_PREFIX, "name": "Stateful"}]
-    # url_route: the UI shows the page inside its own frame at /plugin/stateful, under "Browse".
+    # url_route: the UI shows the page inside its own frame at /plugin/<url_route> ("Browse" for the nav entry,
+    # a tab of the task instance or DAG run page for the others; url_routes are unique across all plugins).
+    # In a tab's href, Airflow 3.3's UI replaces {DAG_ID}, {RUN_ID} and {TASK_ID} (URI-encoded) and {MAP_INDEX}
+    # with the page's own values; an unmapped task instance's page has no map index, so {MAP_INDEX} stays as it
+    # is there and the view reads it as -1. See docs/ui-and-metrics.md.
     external_views = [
         {
             "name": "Stateful",
@@ -68,5 +73,17 @@ class StatefulPlugin(AirflowPlugin):
             "url_route": "stateful",
             "destination": "nav",
             "category": "browse",
-        }
+        },
+        {
+            "name": "Checkpoints",
+            "href": f"{URL_PREFIX}/ti/{{DAG_ID}}/{{RUN_ID}}/{{TASK_ID}}?map_index={{MAP_INDEX}}",
+            "url_route": "stateful-checkpoints",
+            "destination": "task_instance",
+        },
+        {
+            "name": "Checkpoints",
+            "href": f"{URL_PREFIX}/run/{{DAG_ID}}/{{RUN_ID}}",
+            "url_route": "stateful-run-checkpoints",
+            "destination": "dag_run",
+        },
     ]

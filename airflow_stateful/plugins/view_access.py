@@ -58,6 +58,15 @@ class Viewer:
             return self.reads_every_dag
         return self.reads_every_dag or str(parts["dag_id"]) in self.readable_dags
 
+    def may_read_dag(self, dag_id: str) -> bool:
+        return self.reads_every_dag or dag_id in self.readable_dags
+
+    def require_dag(self, dag_id: str) -> None:
+        """403 unless this user may read DAG ``dag_id`` (checked before the store is read, whether the DAG
+        exists or not: no existence oracle)."""
+        if not self.may_read_dag(dag_id):
+            raise HTTPException(status_code=403, detail=f"you may not read DAG {dag_id!r}")
+
     def require(self, identity: Identity) -> None:
         """403 unless this user may read ``identity`` (checked before the store is read: no existence oracle)."""
         if not self.may_read(identity):

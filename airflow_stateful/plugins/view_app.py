@@ -2,7 +2,14 @@
 
 * ``GET /stateful/``: the page (server-rendered, no JavaScript);
 * ``GET /stateful/api/identities?prefix=&limit=``: one summary per identity;
-* ``GET /stateful/api/identities/{key}/history``: the kept checkpoints of one identity, newest first.
+* ``GET /stateful/api/identities/{key}/history``: the kept checkpoints of one identity, newest first;
+* ``GET /stateful/ti/{dag_id}/{run_id}/{task_id}?map_index=N`` (and ``/stateful/api/ti/...``): the Checkpoints
+  tab of a task instance (status, lease, kept history, outputs, progress chart), :mod:`.view_task`;
+* ``GET /stateful/run/{dag_id}/{run_id}`` (and ``/stateful/api/run/...``): the Checkpoints tab of a DAG run,
+  :mod:`.view_run`.
+
+``/`` and ``/api/identities`` take ``status=`` (``active``, ``stuck``, ``dead``, ``idle``, or several separated
+by commas): the rows of the listing whose :func:`~airflow_stateful.core.status.work_status` is one of them.
 
 Every route needs an authenticated user (a bearer token, or the session cookie the UI sets at login) and
 shows only identities of DAGs that user may read (:mod:`.view_access`). There are no write actions.
@@ -20,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlencode, urlparse
@@ -36,13 +45,17 @@ from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_stateful.core.errors import StatefulError
+from airflow_stateful.core.errors import IdentityError, StatefulError
 from airflow_stateful.core.head import HeadStore
+from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.records import HeadRecord
+from airflow_stateful.core.status import STATUSES
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.plugins.stateful_view import URL_PREFIX
 from airflow_stateful.plugins.view_access import Viewer, ViewerDep, checked_identity, checked_prefix
-from airflow_stateful.plugins.view_rows import Bounds, Listing, collect, history_of
+from airflow_stateful.plugins.view_rows import Bounds, Entry, Listing, collect, history_of
+from airflow_stateful.plugins.view_run import dag_run_tab
+from airflow_stateful.plugins.view_task import TabView, run_path, task_instance_tab, ti_path
 
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 2000
@@ -134,6 +147,72 @@ def _raw_key(request: Request, decoded: str) -> str:
     return decoded
 
 
+def configured_interval() -> timedelta:
+    """``[stateful] expected_checkpoint_interval``: when a lease holder that declared none counts as stuck."""
+    from airflow_stateful.config import load_settings
+
+    return timedelta(seconds=load_settings().expected_checkpoint_interval)
+
+
+def _view_root(request: Request) -> str:
+    """Where this app is mounted (``/stateful``, or ``/airflow/stateful`` under a base path)."""
+    return str(request.scope.get("root_path") or "").rstrip("/")
+
+
+def _segments(request: Request, marker: tuple[str, ...], count: int) -> list[str]:
+    """The ``count`` path segments after ``<root>/<marker...>/``, each unescaped exactly once.
+
+    Cut from the raw path, like identity keys: a run id may hold ``/`` (escaped ``%2F`` by the UI), which the
+    decoded path would split. 404 unless there are exactly ``count`` non-empty segments.
+    """
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
+    parts = path.split("?", 1)[0].split("/")
+    start = _view_root(request).count("/") + 1 + len(marker)
+    if (
+        tuple(parts[start - len(marker) : start]) != marker
+        or len(parts) != start + count
+        or "" in parts[start:]
+    ):
+        raise HTTPException(status_code=404, detail="not found")
+    return [unquote(part) for part in parts[start:]]
+
+
+def _map_index(value: str) -> int:
+    """``map_index=``: an integer >= -1; empty or the UI's unreplaced ``{MAP_INDEX}`` (an unmapped task
+    instance, whose page has no map index to put there) is -1."""
+    if value in ("", "{MAP_INDEX}"):
+        return -1
+    if not re.fullmatch(r"-?[0-9]{1,9}", value) or int(value) < -1:
+        raise HTTPException(status_code=400, detail=f"map_index {value!r} is not an integer >= -1")
+    return int(value)
+
+
+def _checked_task(dag_id: str, run_id: str, task_id: str, map_index: int) -> None:
+    """400 naming the value unless these make a valid identity key (checked before anything else)."""
+    try:
+        Identity.for_task(dag_id=dag_id, task_id=task_id, map_index=map_index, run_id=run_id)
+    except IdentityError as exc:
+        raise HTTPException(status_code=400, detail=f"not a task instance: {exc}") from None
+
+
+def _statuses(value: str) -> frozenset[str]:
+    """``status=``: statuses separated by commas (empty: every status), else 400 naming the value."""
+    wanted = frozenset(part.strip() for part in value.split(",") if part.strip())
+    unknown = sorted(wanted - set(STATUSES))
+    if unknown:
+        raise HTTPException(
+            status_code=400,
+            detail=f"status {value!r} is not one of {', '.join(STATUSES)} (separate several with commas)",
+        )
+    return wanted
+
+
+def _status_of(entry: Entry) -> str | None:
+    status = entry.row.get("status")
+    return str(status["status"]) if isinstance(status, dict) else None
+
+
 def _safe_url(url: str) -> str:
     """The backend URL without any credentials someone put in it."""
     parsed = urlparse(url)
@@ -148,6 +227,7 @@ def create_app(
     clock: Callable[[], float] = time.time,
     bounds: Bounds | None = None,
     gate: WorkGate | None = None,
+    default_interval: timedelta | None = None,
 ) -> FastAPI:
     """The view's FastAPI app.
 
@@ -156,6 +236,8 @@ def create_app(
     :param clock: seconds since the epoch, for idle ages and lease expiry.
     :param bounds: what one listing may cost; ``limit=`` of a request replaces ``bounds.limit``.
     :param gate: where the blocking work runs (default: two threads of the view's own).
+    :param default_interval: when a lease holder that declared no ``expected_checkpoint_interval`` counts as
+        stuck; default: ``[stateful] expected_checkpoint_interval``, read on the first request.
     """
     app = FastAPI(title="Stateful checkpoints", docs_url=None, redoc_url=None, openapi_url=None)
     # Airflow's dependencies find the auth manager on ``request.app.state``, which is the api-server's app
@@ -177,6 +259,14 @@ def create_app(
                 opened.append(store if isinstance(store, ObjectStore) else (store or configured_store)())
             return opened[0]
 
+    intervals: list[timedelta] = [default_interval] if default_interval is not None else []
+
+    def interval() -> timedelta:
+        with open_lock:
+            if not intervals:
+                intervals.append(configured_interval())
+            return intervals[0]
+
     def backend_url(viewer: Viewer) -> str | None:
         return _safe_url(get_store().url) if viewer.reads_configuration else None
 
@@ -188,7 +278,66 @@ def create_app(
             bounds=replace(limits, limit=limit),
             now=clock(),
             base=base,
+            default_interval=interval(),
         )
+
+    def ti_tab(
+        viewer: Viewer, request: Request, map_index: str, *, api: bool = False
+    ) -> Callable[[], tuple[TabView, dict[str, Any]]]:
+        """Check the request (400, then 403) and return the work that reads the task instance's tab."""
+        dag_id, run_id, task_id = _segments(request, ("api", "ti") if api else ("ti",), 3)
+        index = _map_index(map_index)
+        _checked_task(dag_id, run_id, task_id, index)
+        viewer.require_dag(dag_id)
+        root = _view_root(request)
+
+        def load() -> tuple[TabView, dict[str, Any]]:
+            tab = task_instance_tab(
+                get_store(),
+                dag_id=dag_id,
+                run_id=run_id,
+                task_id=task_id,
+                map_index=index,
+                now=clock(),
+                default_interval=interval(),
+                bounds=limits,
+            )
+            return tab, {
+                "dag_id": dag_id,
+                "run_id": run_id,
+                "task": task_id if index == -1 else f"{task_id} [{index}]",
+                "run_href": run_path(root, dag_id, run_id),
+                "json_href": ti_path(f"{root}/api", dag_id, run_id, task_id, index),
+            }
+
+        return load
+
+    def run_tab(
+        viewer: Viewer, request: Request, *, api: bool = False
+    ) -> Callable[[], tuple[TabView, dict[str, Any]]]:
+        """Check the request (400, then 403) and return the work that reads the DAG run's tab."""
+        dag_id, run_id = _segments(request, ("api", "run") if api else ("run",), 2)
+        _checked_task(dag_id, run_id, "-", -1)
+        viewer.require_dag(dag_id)
+        root = _view_root(request)
+
+        def load() -> tuple[TabView, dict[str, Any]]:
+            tab = dag_run_tab(
+                get_store(),
+                dag_id=dag_id,
+                run_id=run_id,
+                now=clock(),
+                default_interval=interval(),
+                bounds=limits,
+                root=root,
+            )
+            return tab, {
+                "dag_id": dag_id,
+                "run_id": run_id,
+                "json_href": run_path(f"{root}/api", dag_id, run_id),
+            }
+
+        return load
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
@@ -215,22 +364,40 @@ def create_app(
         viewer: ViewerDep,
         prefix: str = "",
         limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT),
+        status: str = "",
     ) -> HTMLResponse:
         prefix = checked_prefix(prefix)
+        wanted = _statuses(status)
         base = _airflow_base(request)
+
+        def href(status_value: str) -> str:
+            params: dict[str, str | int] = {"prefix": prefix} if prefix else {}
+            if limit != DEFAULT_LIMIT:
+                params["limit"] = limit
+            if status_value:
+                params["status"] = status_value
+            return f"?{urlencode(params)}" if params else "./"
 
         def render() -> str:
             found = listing(viewer, prefix, limit, base)
-            query = urlencode({"prefix": prefix} if prefix else {})
-            if limit != DEFAULT_LIMIT:
-                query = f"{query}&limit={limit}" if query else f"limit={limit}"
+            counts = {name: sum(_status_of(e) == name for e in found.entries) for name in STATUSES}
+            shown = [e for e in found.entries if not wanted or _status_of(e) in wanted]
+            filters = [{"label": "all", "count": len(found.entries), "href": href(""), "on": not wanted}]
+            filters += [
+                {"label": name, "count": counts[name], "href": href(name), "on": wanted == {name}}
+                for name in STATUSES
+            ]
+            json_query = href(",".join(sorted(wanted)))
             return _ENV.get_template("stateful.html").render(
                 css=_CSS,
-                entries=found.entries,
+                entries=shown,
+                listed=len(found.entries),
+                filters=filters,
+                status=", ".join(sorted(wanted)),
                 truncated=found.truncated,
                 backend_url=backend_url(viewer),
                 prefix=prefix,
-                json_href=f"api/identities?{query}" if query else "api/identities",
+                json_href="api/identities" + (json_query if json_query.startswith("?") else ""),
             )
 
         return HTMLResponse(await work.run(render))
@@ -241,19 +408,58 @@ def create_app(
         viewer: ViewerDep,
         prefix: str = "",
         limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT),
+        status: str = "",
     ) -> dict[str, Any]:
         prefix = checked_prefix(prefix)
+        wanted = _statuses(status)
         base = _airflow_base(request)
 
         def answer() -> dict[str, Any]:
             found = listing(viewer, prefix, limit, base)
             return {
                 "backend_url": backend_url(viewer),
-                "identities": [entry.row for entry in found.entries],
+                "identities": [e.row for e in found.entries if not wanted or _status_of(e) in wanted],
+                "status_counts": {
+                    name: sum(_status_of(e) == name for e in found.entries) for name in STATUSES
+                },
                 "truncated": found.truncated,
             }
 
         return await work.run(answer)
+
+    @app.get("/ti/{path:path}", response_class=HTMLResponse)
+    async def task_instance_page(
+        path: str, request: Request, viewer: ViewerDep, map_index: str = "-1"
+    ) -> HTMLResponse:
+        load = ti_tab(viewer, request, map_index)
+
+        def render() -> str:
+            tab, context = load()
+            return _ENV.get_template("task.html").render(css=_CSS, tab=tab, **context)
+
+        return HTMLResponse(await work.run(render))
+
+    @app.get("/api/ti/{path:path}")
+    async def task_instance_api(
+        path: str, request: Request, viewer: ViewerDep, map_index: str = "-1"
+    ) -> dict[str, Any]:
+        tab, _ = await work.run(ti_tab(viewer, request, map_index, api=True))
+        return tab.body
+
+    @app.get("/run/{path:path}", response_class=HTMLResponse)
+    async def dag_run_page(path: str, request: Request, viewer: ViewerDep) -> HTMLResponse:
+        load = run_tab(viewer, request)
+
+        def render() -> str:
+            tab, context = load()
+            return _ENV.get_template("run.html").render(css=_CSS, tab=tab, **context)
+
+        return HTMLResponse(await work.run(render))
+
+    @app.get("/api/run/{path:path}")
+    async def dag_run_api(path: str, request: Request, viewer: ViewerDep) -> dict[str, Any]:
+        tab, _ = await work.run(run_tab(viewer, request, api=True))
+        return tab.body
 
     @app.get("/api/identities/{key:path}/history")
     async def history(key: str, request: Request, viewer: ViewerDep) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The rows of the Stateful view: one summary per identity, read from the store within fixed bounds.
+"""The rows of the Stateful view: one summary per identity, read from the store within fixed bounds, with its
+status (:func:`~airflow_stateful.core.status.work_status`: active, stuck, dead or idle).
 
 Only metadata is read (head records); checkpoint values never are, so the view cannot leak task data. Every
 head is untrusted input (anyone who can write the bucket can write one): a head that fails to parse or to
@@ -16,15 +17,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
 
 from airflow_stateful.core.catalog import HeadRead, list_identities, read_heads
+from airflow_stateful.core.config import EXPECTED_CHECKPOINT_INTERVAL
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.progress import human_bytes
 from airflow_stateful.core.records import HeadRecord, parse_iso
+from airflow_stateful.core.status import work_status
 from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.plugins.stateful_view import URL_PREFIX
 
 
 def human_age(seconds: float) -> str:
@@ -51,6 +55,12 @@ def dag_links(identity: Identity, head: HeadRecord | None, base: str = "") -> di
         run_id = head.lease.holder.run_id
     if run_id:
         links["run"] = f"{links['dag']}/runs/{quote(run_id, safe='')}"
+    if parts["scope_kind"] == "run":  # the view's own Checkpoints page of this task instance
+        task = quote(str(parts["task_id"]), safe="")
+        links["checkpoints"] = (
+            f"{base}{URL_PREFIX}/ti/{quote(dag_id, safe='')}/{quote(str(parts['scope']), safe='')}/{task}"
+            f"?map_index={parts['map_index']}"
+        )
     return links
 
 
@@ -66,14 +76,22 @@ def _identity_fields(identity: Identity) -> dict[str, Any]:
     }
 
 
-def summarize(identity: Identity, head: HeadRecord, *, now: float, base: str = "") -> dict[str, Any]:
-    """The JSON summary of one identity (the row of the table)."""
+def summarize(
+    identity: Identity,
+    head: HeadRecord,
+    *,
+    now: float,
+    base: str = "",
+    default_interval: timedelta = EXPECTED_CHECKPOINT_INTERVAL,
+) -> dict[str, Any]:
+    """The JSON summary of one identity (the row of the table); ``status`` is :func:`work_status` at ``now``."""
     latest = head.latest
     updated = head.updated_at or (latest.created_at if latest else "")
     lease = head.lease
     return {
         **_identity_fields(identity),
         "links": dag_links(identity, head, base),
+        "status": work_status(head, now=now, default_interval=default_interval).to_json(),
         "epoch": head.epoch,
         "checkpoints": len(head.checkpoints),
         "last_checkpoint": None
@@ -116,7 +134,7 @@ def history_of(head: HeadRecord) -> list[dict[str, Any]]:
     ]
 
 
-def _when(iso: str) -> str:
+def when(iso: str) -> str:
     """``2026-11-30T08:00:00Z`` (UTC, to the second) from an ISO time; raises for anything else."""
     return datetime.fromtimestamp(parse_iso(iso), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -124,7 +142,14 @@ def _when(iso: str) -> str:
 def _cells(row: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
     """What the page shows of ``row``: strings only, built with the types checked, so a head that parses
     but holds something unexpected fails here, on its own row, and not in the template."""
-    cells: dict[str, Any] = {"who": _who(row), "link": _link(row["links"])}
+    status = row["status"]
+    cells: dict[str, Any] = {
+        "who": _who(row),
+        "link": _link(row["links"]),
+        "status": {"name": str(status["status"]), "reason": str(status["reason"])},
+    }
+    if "checkpoints" in row["links"]:
+        cells["checkpoints_href"] = str(row["links"]["checkpoints"])
     last = row["last_checkpoint"]
     cells["last"] = (
         None
@@ -132,7 +157,7 @@ def _cells(row: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]
         else {
             "seq": f"#{int(last['seq'])}",
             "schema": f"schema {int(last['schema_version'])}",
-            "created": _when(last["created_at"]),
+            "created": when(last["created_at"]),
         }
     )
     lease = row["lease"]
@@ -142,8 +167,8 @@ def _cells(row: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]
         cells["lease"] = {
             "state": "expired" if lease["expired"] else "held",
             "by": str(lease["described"]),
-            "renewed": _when(lease["renewed_at"]),
-            "until": _when(lease["expires_at"]),
+            "renewed": when(lease["renewed_at"]),
+            "until": when(lease["expires_at"]),
         }
     cells["size"] = human_bytes(int(row["size"]))
     idle = row["idle_seconds"]
@@ -151,7 +176,7 @@ def _cells(row: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]
     cells["history"] = [
         {
             "seq": f"#{int(e['seq'])}",
-            "created": _when(e["created_at"]),
+            "created": when(e["created_at"]),
             "schema": f"schema {int(e['schema_version'])}",
             "size": human_bytes(int(e["total_size"])),
         }
@@ -258,6 +283,7 @@ def collect(
     bounds: Bounds,
     now: float,
     base: str = "",
+    default_interval: timedelta = EXPECTED_CHECKPOINT_INTERVAL,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Listing:
     """Read the head of each identity under ``prefixes`` that ``may_read`` allows, within ``bounds``.
@@ -275,17 +301,17 @@ def collect(
         for read in read_heads(store, listed):
             if read.head is None and read.error is None:
                 continue  # no head: objects without state (gc removes them), as before the delimited listing
-            entries.append(_entry(read, now=now, base=base))
+            entries.append(_entry(read, now=now, base=base, default_interval=default_interval))
     except _Stop as stop:
         truncated = f"stopped after it {stop}; narrow it with prefix= or raise limit="
     return Listing(entries=entries, truncated=truncated)
 
 
-def _entry(read: HeadRead, *, now: float, base: str) -> Entry:
+def _entry(read: HeadRead, *, now: float, base: str, default_interval: timedelta) -> Entry:
     error = read.error
     if error is None and read.head is not None:
         try:
-            row = summarize(read.identity, read.head, now=now, base=base)
+            row = summarize(read.identity, read.head, now=now, base=base, default_interval=default_interval)
             history = history_of(read.head)
             return Entry(row=row, history=history, cells=_cells(row, history))
         except Exception as exc:  # a head that parses but holds something unexpected fails on its own row

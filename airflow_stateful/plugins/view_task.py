@@ -1,0 +1,458 @@
+"""The Checkpoints tab of a task instance: what the view reads for it, within bounds (the DAG run's tab,
+:mod:`.view_run`, is built on the same readers).
+
+A task instance's state lives under ``Identity.for_task(dag_id, task_id, map_index, run_id)``: its key follows
+from the URL. State kept across runs under a *name* (``name="nightly-watermark"``) cannot be derived from the
+URL, so the tab also lists the named identities of the same task and map index whose lease holder works on this
+run, or whose newest checkpoint this run wrote (``writer.run_id``). That costs one delimited listing of the
+task's ``name=`` folder and one head per named identity (at most :data:`MAX_NAMED`), plus the newest manifest of
+those that ride outside their head. A named identity a later run has written to since no longer shows here.
+
+Like the listing, everything read is untrusted (anyone who can write the bucket can write a head or a manifest):
+records are parsed with their typed readers, a manifest outside its head is checked against the size and
+SHA-256 its head entry records, and the page only shows strings built here (escaped by the template). Every
+request is bounded: the listing's object count and wall time (:class:`.view_rows.Bounds`), at most
+:data:`MAX_MANIFESTS` manifest objects of at most :data:`MANIFEST_MAX_BYTES` each; what was not read is
+shown as such.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+from urllib.parse import quote
+
+from airflow_stateful.core.catalog import HeadRead, list_identities, ordered_map, read_head, read_heads
+from airflow_stateful.core.errors import CheckpointCorruptError
+from airflow_stateful.core.identity import NAMED_SCOPE, Identity, encode_segment
+from airflow_stateful.core.progress import human_bytes
+from airflow_stateful.core.records import CheckpointEntry, HeadRecord, Manifest, parse_iso, sha256_hex
+from airflow_stateful.core.status import WorkStatus, work_status
+from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.plugins.view_chart import Chart, LeaseMarks, Point, build_chart
+from airflow_stateful.plugins.view_rows import Bounds, human_age, when
+
+MANIFEST_MAX_BYTES = 1024 * 1024
+"""A manifest object larger than this is not read by the view (format-1 checkpoints list every file in it)."""
+MAX_MANIFESTS = 200
+"""Manifest objects one request reads at most; inline manifests ride in their head and cost nothing."""
+MANIFEST_READERS = 4
+"""Manifest objects read at once (each is one GET whose time is mostly the round trip)."""
+MAX_NAMED = 50
+"""Named identities of one task examined for a run."""
+MAX_CURSOR = 1 << 53
+SHA_SHOWN = 12
+
+
+class Stop(Exception):
+    """A bound was reached; the message says which."""
+
+
+class Budget:
+    """What one request may still read: listing entries, manifest objects, wall time."""
+
+    def __init__(self, bounds: Bounds, *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.bounds = bounds
+        self.monotonic = monotonic
+        self.deadline = monotonic() + bounds.seconds
+        self.scanned = 0
+        self.manifests = 0
+
+    def count(self) -> None:
+        """One more object listed or head read; Stop when a bound is reached."""
+        self.scanned += 1
+        if self.scanned > self.bounds.max_scanned:
+            raise Stop(f"listed {self.bounds.max_scanned} objects")
+        if self.monotonic() > self.deadline:
+            raise Stop(f"read for {self.bounds.seconds:g} s")
+
+    def manifest_refused(self, entry: CheckpointEntry) -> str | None:
+        """Why the manifest of ``entry`` is not to be read, or None (and it is counted)."""
+        if entry.inline is not None:
+            return None
+        if entry.manifest_size is not None and entry.manifest_size > MANIFEST_MAX_BYTES:
+            return f"manifest of {human_bytes(entry.manifest_size)} not read"
+        if self.manifests >= MAX_MANIFESTS:
+            return f"not read ({MAX_MANIFESTS} manifests per page)"
+        if self.monotonic() > self.deadline:
+            return f"not read (after {self.bounds.seconds:g} s)"
+        self.manifests += 1
+        return None
+
+
+def read_manifest(store: ObjectStore, identity: Identity, entry: CheckpointEntry) -> Manifest:
+    """The manifest of ``entry``, verified: inline (checked with its head), or the object whose size and SHA-256
+    the entry records, naming this checkpoint of this identity."""
+    what = f"checkpoint {entry.seq} of {identity}"
+    if entry.inline is not None:
+        return Manifest.from_json(entry.inline, identity=identity.key, what=what)
+    if entry.manifest is None or entry.manifest_size is None:
+        raise CheckpointCorruptError(f"{what} names no manifest")
+    blob = store.get(entry.manifest, max_bytes=entry.manifest_size)
+    if len(blob.data) != entry.manifest_size or sha256_hex(blob.data) != entry.manifest_sha256:
+        raise CheckpointCorruptError(
+            f"the manifest of {what} does not match the size and SHA-256 of its entry"
+        )
+    manifest = Manifest.from_bytes(blob.data, key=entry.manifest)
+    if manifest.seq != entry.seq:
+        raise CheckpointCorruptError(f"the manifest of {what} says it is checkpoint {manifest.seq}")
+    return manifest
+
+
+def items_done(manifest: Manifest) -> int | None:
+    """The sum of the ``resume()`` cursors a checkpoint records (items finished), or None without cursors."""
+    cursors = manifest.extra.get("cursors")
+    if not isinstance(cursors, dict) or not cursors:
+        return None
+    values = [v for v in cursors.values() if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+    if len(values) != len(cursors):
+        return None
+    return min(sum(values), MAX_CURSOR)
+
+
+def _cursors(manifest: Manifest) -> dict[str, int] | None:
+    cursors = manifest.extra.get("cursors")
+    if items_done(manifest) is None or not isinstance(cursors, dict):
+        return None
+    return {str(k)[:200]: int(v) for k, v in list(cursors.items())[:50]}
+
+
+def ti_path(root: str, dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
+    """The view's own page of one task instance (``root``: where the view is mounted, e.g. ``/stateful``)."""
+    parts = "/".join(quote(p, safe="") for p in (dag_id, run_id, task_id))
+    return f"{root}/ti/{parts}?map_index={map_index}"
+
+
+def run_path(root: str, dag_id: str, run_id: str) -> str:
+    return f"{root}/run/{quote(dag_id, safe='')}/{quote(run_id, safe='')}"
+
+
+@dataclass
+class Found:
+    """One identity shown in a tab, and why it belongs to the task instance."""
+
+    identity: Identity
+    read: HeadRead
+    matched_by: str
+    #: the newest checkpoint's manifest, when it was read to decide whether the identity belongs
+    newest: Manifest | None = None
+
+
+@dataclass
+class TabView:
+    """What a tab shows: a JSON body and the page's cells."""
+
+    body: dict[str, Any]
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    truncated: str | None = None
+
+
+def named_matches(
+    store: ObjectStore, folder: str, *, map_index: int | None, run_id: str, budget: Budget, notes: list[str]
+) -> Iterator[Found]:
+    """The named identities in task folder ``folder`` (``<dag>/<task>/``) whose lease holder works on
+    ``run_id`` or whose newest checkpoint ``run_id`` wrote; of map index ``map_index`` unless it is None."""
+    candidates: list[Identity] = []
+    for identity in list_identities(store, f"{folder}{NAMED_SCOPE}=", on_entry=budget.count):
+        parts = identity.task_parts
+        if parts is None or parts["scope_kind"] != NAMED_SCOPE:
+            continue
+        if map_index is not None and parts["map_index"] != map_index:
+            continue
+        if len(candidates) >= MAX_NAMED:
+            notes.append(f"only the first {MAX_NAMED} named identities of {folder.rstrip('/')} were examined")
+            break
+        budget.count()
+        candidates.append(identity)
+    unreadable = 0
+    for read in read_heads(store, candidates):
+        head = read.head
+        if head is None:
+            unreadable += read.error is not None
+            continue
+        if head.lease is not None and head.lease.holder.run_id == run_id:
+            yield Found(read.identity, read, "its lease holder works on this run")
+            continue
+        newest = head.latest
+        if newest is None or budget.manifest_refused(newest) is not None:
+            continue
+        try:
+            manifest = read_manifest(store, read.identity, newest)
+        except Exception:
+            unreadable += 1
+            continue
+        if manifest.writer.run_id == run_id:
+            yield Found(read.identity, read, "this run wrote its newest checkpoint", newest=manifest)
+    if unreadable:
+        notes.append(f"{unreadable} named identit{'y' if unreadable == 1 else 'ies'} could not be read")
+
+
+# -- one task instance --------------------------------------------------------------------------------------
+
+
+def task_instance_tab(
+    store: ObjectStore,
+    *,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: int,
+    now: float,
+    default_interval: timedelta,
+    bounds: Bounds,
+) -> TabView:
+    """The identities of one task instance (its run identity, and the named ones this run works on), each with
+    its status, lease, kept history, committed outputs and progress chart."""
+    budget = Budget(bounds)
+    run_identity = Identity.for_task(dag_id=dag_id, task_id=task_id, map_index=map_index, run_id=run_id)
+    found: list[Found] = []
+    notes: list[str] = []
+    truncated = None
+    read = read_head(store, run_identity)
+    if read.head is not None or read.error is not None:
+        found.append(Found(run_identity, read, "its key names this run"))
+    folder = f"{encode_segment(dag_id)}/{encode_segment(task_id)}/"
+    try:
+        found.extend(
+            named_matches(store, folder, map_index=map_index, run_id=run_id, budget=budget, notes=notes)
+        )
+    except Stop as stop:
+        truncated = f"the search for named identities stopped after it {stop}"
+    reading = _Reading(store=store, run_id=run_id, now=now, default_interval=default_interval, budget=budget)
+    views = [_identity_view(f, reading) for f in found]
+    body = {
+        "dag_id": dag_id,
+        "run_id": run_id,
+        "task_id": task_id,
+        "map_index": map_index,
+        "identities": [v[0] for v in views],
+        "notes": notes,
+        "truncated": truncated,
+    }
+    return TabView(body=body, cells=[v[1] for v in views], notes=notes, truncated=truncated)
+
+
+def scope_label(identity: Identity) -> str:
+    parts = identity.task_parts or {}
+    if parts.get("scope_kind") == NAMED_SCOPE:
+        return f"named state {parts['scope']}"
+    return "state of this run"
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What every section of one tab is read with."""
+
+    store: ObjectStore
+    run_id: str
+    now: float
+    default_interval: timedelta
+    budget: Budget
+
+
+def _identity_view(found: Found, r: _Reading) -> tuple[dict[str, Any], dict[str, Any]]:
+    identity, head = found.identity, found.read.head
+    body: dict[str, Any] = {"identity": identity.key, "matched_by": found.matched_by}
+    cells: dict[str, Any] = {
+        "key": identity.key,
+        "scope": scope_label(identity),
+        "matched": found.matched_by,
+    }
+    if head is None:
+        error = found.read.error
+        body["error"] = cells["error"] = f"{type(error).__name__}: {error}"
+        return body, cells
+    try:
+        return _head_view(found, head, body, cells, r)
+    except Exception as exc:  # a head that parses but holds something unexpected fails on its own section
+        body = {
+            "identity": identity.key,
+            "matched_by": found.matched_by,
+            "error": f"{type(exc).__name__}: {exc}",
+        }
+        return body, {
+            "key": identity.key,
+            "scope": cells["scope"],
+            "matched": found.matched_by,
+            "error": body["error"],
+        }
+
+
+def _head_view(
+    found: Found, head: HeadRecord, body: dict[str, Any], cells: dict[str, Any], r: _Reading
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    store, now, budget = r.store, r.now, r.budget
+    default_interval = r.default_interval
+    status = work_status(head, now=now, default_interval=default_interval)
+    body.update(epoch=head.epoch, status=status.to_json(), lease=_lease_json(head, now))
+    cells.update(status=status_cells(status), lease=_lease_cells(head, status, now, run_id=r.run_id))
+    history, points = [], []
+    newest_manifest: Manifest | None = None
+    previous_epoch: int | None = None
+    manifests = _manifests(store, found, head, budget)
+    for entry in head.checkpoints:
+        manifest = manifests[entry.seq]
+        resumed = previous_epoch is not None and entry.epoch != previous_epoch
+        previous_epoch = entry.epoch
+        row: dict[str, Any] = {
+            "seq": entry.seq,
+            "created_at": entry.created_at,
+            "epoch": entry.epoch,
+            "file_count": entry.file_count,
+            "total_size": entry.total_size,
+            "resumed": resumed,
+        }
+        shown = {
+            "seq": f"#{entry.seq}",
+            "created": when(entry.created_at),
+            "epoch": str(entry.epoch),
+            "files": f"{entry.file_count:,}",
+            "bytes": human_bytes(entry.total_size),
+            "resumed": resumed,
+        }
+        if isinstance(manifest, Manifest):
+            items = items_done(manifest)
+            writer = manifest.writer
+            row.update(
+                try_number=writer.try_number,
+                run_id=writer.run_id,
+                writer=writer.describe(),
+                items_done=items,
+                cursors=_cursors(manifest),
+                manifest="read",
+            )
+            shown.update(
+                try_="—" if writer.try_number is None else str(writer.try_number),
+                done="—" if items is None else f"{items:,}",
+                writer=writer.pod or writer.host or "—",
+                note="",
+            )
+            points.append(
+                Point(
+                    seq=entry.seq,
+                    at=parse_iso(entry.created_at),
+                    epoch=entry.epoch,
+                    try_number=writer.try_number,
+                    items=items,
+                )
+            )
+            if entry is head.latest:
+                newest_manifest = manifest
+        else:
+            row.update(try_number=None, items_done=None, manifest=manifest)
+            shown.update(try_="—", done="—", writer="—", note=manifest)
+        history.append((row, shown))
+    body["checkpoints"] = [row for row, _ in reversed(history)]
+    cells["history"] = [shown for _, shown in reversed(history)]
+    outputs = (
+        [] if newest_manifest is None else sorted(newest_manifest.outputs.values(), key=lambda o: o.name)
+    )
+    body["outputs"] = [{"name": o.name, **o.to_json()} for o in outputs]
+    cells["outputs"] = [
+        {
+            "name": o.name,
+            "kind": o.kind,
+            "size": human_bytes(o.size),
+            "files": f"{o.file_count:,}",
+            "sha": o.sha256[:SHA_SHOWN],
+            "sha_full": o.sha256,
+            "seq": f"#{o.seq}",
+            "try_": "—" if o.try_number is None else str(o.try_number),
+            "committed": when(o.committed_at),
+        }
+        for o in outputs
+    ]
+    cells["outputs_unknown"] = head.latest is not None and newest_manifest is None
+    lease = head.lease
+    marks = (
+        None
+        if lease is None
+        else LeaseMarks(
+            holder=lease.holder.describe(),
+            epoch=lease.epoch,
+            acquired_at=parse_iso(lease.acquired_at),
+            expired_at=parse_iso(lease.expires_at) if lease.expired(now) else None,
+        )
+    )
+    chart: Chart | None = build_chart(points, lease=marks)
+    cells["chart"] = chart
+    return body, cells
+
+
+def _manifests(
+    store: ObjectStore, found: Found, head: HeadRecord, budget: Budget
+) -> dict[int, Manifest | str]:
+    """The manifest of each kept checkpoint by seq, or why it was not read (a bound, or its error). Those
+    within the budget (the newest first) are read :data:`MANIFEST_READERS` at a time; inline ones cost nothing."""
+    manifests: dict[int, Manifest | str] = {}
+    wanted: list[CheckpointEntry] = []
+    for entry in reversed(head.checkpoints):
+        if found.newest is not None and found.newest.seq == entry.seq:
+            manifests[entry.seq] = found.newest
+        elif (refused := budget.manifest_refused(entry)) is not None:
+            manifests[entry.seq] = refused
+        else:
+            wanted.append(entry)
+
+    def read(entry: CheckpointEntry) -> Manifest | str:
+        try:
+            return read_manifest(store, found.identity, entry)
+        except Exception as exc:  # shown on its own row
+            return f"{type(exc).__name__}: {exc}"
+
+    for entry, manifest in zip(wanted, ordered_map(read, wanted, workers=MANIFEST_READERS), strict=True):
+        manifests[entry.seq] = manifest
+    return manifests
+
+
+def _lease_json(head: HeadRecord, now: float) -> dict[str, Any] | None:
+    lease = head.lease
+    if lease is None:
+        return None
+    return {
+        "holder": lease.holder.to_json(),
+        "described": lease.holder.describe(),
+        "epoch": lease.epoch,
+        "acquired_at": lease.acquired_at,
+        "renewed_at": lease.last_renewed,
+        "expires_at": lease.expires_at,
+        "expired": lease.expired(now),
+        "expected_checkpoint_interval": lease.expected_interval,
+    }
+
+
+def status_cells(status: WorkStatus) -> dict[str, str]:
+    return {"name": status.status, "reason": status.reason}
+
+
+def _lease_cells(head: HeadRecord, status: WorkStatus, now: float, *, run_id: str) -> dict[str, str] | None:
+    lease = head.lease
+    if lease is None:
+        return None
+    interval = status.expected_interval or 0.0
+    declared = "declared by the holder" if lease.expected_interval is not None else "[stateful] default"
+    since = status.since_progress
+    holder = lease.holder
+    return {
+        "state": "expired" if lease.expired(now) else "held",
+        # who, without what the page says already (its run) or "Where" says (host, pod, node)
+        "by": replace(
+            holder, run_id=None if holder.run_id == run_id else holder.run_id, host=None, pod=None, node=None
+        ).describe(),
+        "where": ", ".join(
+            f"{label} {value}"
+            for label, value in (("host", holder.host), ("pod", holder.pod), ("node", holder.node))
+            if value
+        )
+        or "—",
+        "epoch": str(lease.epoch),
+        "acquired": when(lease.acquired_at),
+        "renewed": when(lease.last_renewed),
+        "until": when(lease.expires_at),
+        "interval": f"{human_age(interval)} ({declared})",
+        "since": "—" if since is None else human_age(since),
+    }
