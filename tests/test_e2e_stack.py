@@ -229,6 +229,8 @@ def stack_env(home: Path, dags: Path, port: int, endpoint_url: str) -> dict[str,
         **{f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn)},
         STATEFUL_DEMO_LEDGER=str(home / "ledger.csv"),
         STATEFUL_DEMO_PIDFILE=str(home / "pids.csv"),
+        STATEFUL_DEMO_LOCAL_URL=(home / "stateful-local").as_uri(),
+        STATEFUL_DEMO_OUTPUTS_LEDGER=str(home / "consumed.ledger"),
         PYTHONUNBUFFERED="1",
     )
     return env
@@ -263,6 +265,7 @@ def stack(tmp_path: Path, moto: MotoServer) -> Iterator[Stack]:
     for d in (home, dags, logs):
         d.mkdir()
     shutil.copy(REPO / "dags" / f"{DAG_ID}.py", dags)
+    shutil.copy(REPO / "dags" / f"{OUTPUTS_DAG}.py", dags)
     port = free_port()
     stack = Stack(home=home, env=stack_env(home, dags, port, moto.endpoint_url), port=port, logs=logs)
     try:
@@ -291,6 +294,7 @@ def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack
         stack=stack,
     )
     stack.request("PATCH", f"/dags/{DAG_ID}", {"is_paused": False})
+    outputs_run = start_published_outputs(stack)
     run = stack.request(
         "POST", f"/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": {"item_seconds": ITEM_SECONDS}}
     )
@@ -372,7 +376,108 @@ def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack
     final = checkpoints.latest()
     assert final is not None and final.value == expected and final.extra["cursors"] == {"items": ITEMS}
     assert final.writer.try_number == 2
+    check_published_outputs(stack, store, outputs_run)
     print(
-        f"e2e: killed try 1 after item {killed_at}, try 2 resumed at {resume_cursor}; "
-        f"{time.monotonic() - t0:.0f} s after the stack started"
+        f"e2e: killed try 1 after item {killed_at}, try 2 resumed at {resume_cursor}; published outputs exactly "
+        f"once on both stores; {time.monotonic() - t0:.0f} s after the stack started"
     )
+
+
+OUTPUTS_DAG = "published_outputs"
+CONSUMER_DAG = "consume_published_outputs"
+OUTPUT_TASKS = ("to_default_store", "to_local_store")
+
+
+def start_published_outputs(stack: Stack) -> str:
+    """Trigger ``published_outputs`` with ``interrupt="sigkill"``: try 1 of each task kills its own process with
+    part 1 staged but not committed. Runs beside the killable batch. Returns the run id."""
+    for dag_id in (OUTPUTS_DAG, CONSUMER_DAG):
+        wait_for(
+            f"the dag-processor to parse {dag_id}",
+            lambda dag_id=dag_id: stack.request("GET", f"/dags/{dag_id}"),  # type: ignore[misc]
+            timeout=120,
+            stack=stack,
+        )
+        stack.request("PATCH", f"/dags/{dag_id}", {"is_paused": False})
+    run = stack.request(
+        "POST", f"/dags/{OUTPUTS_DAG}/dagRuns", {"logical_date": None, "conf": {"interrupt": "sigkill"}}
+    )
+    return str(run["dag_run_id"])
+
+
+def check_published_outputs(stack: Stack, s3: Any, run_id: str) -> None:
+    """Both tasks were SIGKILLed between publish and commit, retried, and committed each part exactly once; the
+    consumer DAG, scheduled by their asset events, fetched exactly the committed parts; nothing staged by the
+    killed tries is left in either store."""
+    from airflow_stateful.core import CheckpointStore, Identity
+    from airflow_stateful.core.stores.local import LocalObjectStore
+
+    def succeeded(dag_id: str, path: str) -> dict[str, Any] | None:
+        run = stack.request("GET", path)
+        if run["state"] == "failed":
+            pytest.fail(f"the {dag_id} run failed\n{stack.diagnostics()}")
+        return run if run["state"] == "success" else None
+
+    wait_for(
+        f"{OUTPUTS_DAG} to succeed",
+        lambda: succeeded(OUTPUTS_DAG, f"/dags/{OUTPUTS_DAG}/dagRuns/{run_id}"),
+        timeout=240,
+        stack=stack,
+        interval=1,
+    )
+    stores = {"to_default_store": s3, "to_local_store": LocalObjectStore(root=stack.home / "stateful-local")}
+    expected: list[list[str]] = []
+    for task_id in OUTPUT_TASKS:
+        ti = stack.request("GET", f"/dags/{OUTPUTS_DAG}/dagRuns/{run_id}/taskInstances/{task_id}")
+        assert (ti["state"], ti["try_number"]) == ("success", 2), f"SIGKILL must use a try: {ti}"
+        identity = Identity.for_task(dag_id=OUTPUTS_DAG, task_id=task_id, run_id=run_id)
+        cs = CheckpointStore(store=stores[task_id], identity=identity)
+        outputs = cs.outputs()
+        assert {n: o.try_number for n, o in outputs.items()} == {
+            "part-0000": 1,
+            "part-0001": 2,
+            "part-0002": 2,
+        }, f"{task_id}: part-0001, staged by the killed try 1, must exist once, from try 2"
+        head = cs.head()
+        assert head is not None and head.lease is None  # released at the end of try 2, after its sweep
+        kept = {
+            k
+            for e in head.checkpoints
+            for k in (e.manifest, e.tree and e.tree.key, e.outputs_tree.key if e.outputs_tree else None)
+            if k
+        }
+        chunks = {
+            c.key
+            for m in [cs.latest()]
+            if m
+            for n in m.outputs
+            for f in cs.output_files(m, n)
+            for c in f.chunks
+        }
+        left = {
+            info.key
+            for info in stores[task_id].list_objects(f"{identity.key}/~")
+            if info.key not in kept | chunks and not info.key.endswith("/~head.json")
+        }
+        assert not left, f"{task_id}: objects staged by the killed try were not collected: {sorted(left)[:5]}"
+        expected += [[task_id, name] for name in outputs]
+
+    # Each task's asset event is its own news: the scheduler may start one consumer run for both, or one each.
+    ledger = stack.home / "consumed.ledger"
+
+    def consumed() -> list[list[str]] | None:
+        runs = stack.request("GET", f"/dags/{CONSUMER_DAG}/dagRuns")["dag_runs"]
+        if any(r["state"] == "failed" for r in runs):
+            pytest.fail(f"a {CONSUMER_DAG} run failed\n{stack.diagnostics()}")
+        rows = sorted(line.split(",")[:2] for line in ledger.read_text().split()) if ledger.exists() else []
+        done = runs and all(r["state"] == "success" for r in runs)
+        return rows if done and len(rows) >= len(expected) else None
+
+    fetched = wait_for(
+        f"{CONSUMER_DAG}, triggered by the asset events, to fetch {len(expected)} outputs",
+        consumed,
+        timeout=180,
+        stack=stack,
+        interval=1,
+    )
+    assert fetched == sorted(expected), f"the consumer fetched {fetched}, not exactly the committed outputs"
