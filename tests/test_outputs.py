@@ -288,3 +288,27 @@ def test_a_head_with_outputs_is_written_in_the_format_older_releases_refuse(
     body = json.loads(store.get(f"{IDENTITY.key}/{HEAD_NAME}").data)
     assert body["format"] == 3 and body["checkpoints"][-1]["outputs_tree"]["key"].startswith(IDENTITY.key)
     session.close()
+
+
+def test_gc_collects_the_staged_output_of_a_writer_that_never_came_back(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """No retry ever runs (the task was abandoned): once its lease is gone, store-wide GC deletes the upload of an
+    output that was staged and never committed, and nothing the kept checkpoint needs."""
+    from datetime import timedelta
+
+    from airflow_stateful.core.gc import apply_gc, plan_gc
+
+    session = open_session(store)
+    session.commit({"n": 1})
+    before = keys(store)
+    session.publish("orphan", write(tmp_path / "orphan.bin", os.urandom(150_000)))
+    staged = keys(store) - before
+    assert staged, "publish uploaded the output's chunks"
+    session._stop_heartbeat()  # the process is gone: nothing renews, nothing commits
+    reader(store).break_lease()  # `airflow-stateful unlock`, or GC once the lease is dead past its grace
+    deleted = apply_gc(plan_gc(store, min_age=timedelta(0), grace=0.0)).deleted
+    assert staged <= set(deleted), "GC must collect the output that was staged but never committed"
+    assert not staged & keys(store)
+    assert missing_references(store, IDENTITY) == [] and reader(store).outputs() == {}
+    assert reader(store).latest().value == {"n": 1}  # type: ignore[union-attr]
