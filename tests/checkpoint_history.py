@@ -9,17 +9,21 @@ Used by the Checkpoints tab tests (tests/test_checkpoints_tab.py) and the real a
 * try 4 (epoch 4) resumes at 700 items, commits 3 checkpoints, publishes ``report.csv``, and still holds the lease
   (renewed at its last commit; declared ``expected_checkpoint_interval`` 10 minutes).
 
-Each commit is 60 s after the one before; ``hostile`` makes try 4's host and pod markup.
+Each commit is 60 s after the one before; ``hostile`` makes try 4's host and pod markup. :func:`forge_head`
+rewrites a head as anyone who can write the bucket could (also used by tests/test_stateful_view.py).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import WriterInfo
+from airflow_stateful.core.records import HEAD_NAME, WriterInfo, canonical_json, sha256_hex
 from airflow_stateful.core.stores.base import ObjectStore
 
 START = 1_800_000_000.0  # 2027-01-15T08:00:00Z
@@ -153,3 +157,14 @@ def write_run(
     weekly.commit(lease, 1)
     weekly.release(lease)
     return ids
+
+
+def forge_head(store: ObjectStore, identity: Identity, change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite ``identity``'s head as anyone who can write the bucket could: ``change`` edits the parsed JSON,
+    and the (unkeyed) checksum is recomputed, so only the record's own checks can refuse it."""
+    key = f"{identity.key}/{HEAD_NAME}"
+    body = json.loads(store.get(key).data)
+    body.pop("checksum")
+    change(body)
+    body["checksum"] = sha256_hex(canonical_json(body))
+    store.put(key, canonical_json(body) + b"\n")

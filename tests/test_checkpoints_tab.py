@@ -9,25 +9,20 @@ in light and dark mode with headless Chromium (skipped without ``chromium``).
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from checkpoint_history import HOSTILE_HOST, HOSTILE_POD, write_history, write_run
+from checkpoint_history import HOSTILE_HOST, HOSTILE_POD, forge_head, write_history, write_run
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from view_server import chromium_or_skip, screenshot, serve_view
 
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import HEAD_NAME, WriterInfo, canonical_json, sha256_hex
+from airflow_stateful.core.records import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.plugins.stateful_view import StatefulPlugin
@@ -204,7 +199,9 @@ def test_manifests_outside_the_head_are_verified_and_bounded(
         (2, 20),
         (1, 10),
     ]
-    assert "does not match the size and SHA-256 of its entry" in rows[1]["manifest"]
+    assert re.search(
+        r"of checkpoint 3 in \S+ is corrupt: expected \d+ bytes with SHA-256", rows[1]["manifest"]
+    )
     monkeypatch.setattr(view_task, "MAX_MANIFESTS", 2)
     rows = view.get(ti_url(ENRICH, api=True)).json()["identities"][0]["checkpoints"]
     assert [r["seq"] for r in rows if r["manifest"] == "read"] == [4]  # seq 3 took the other read, and failed
@@ -279,15 +276,6 @@ def test_the_run_tab_stops_at_its_bounds_and_says_so(
 # -- hostile records ----------------------------------------------------------------------------------------
 
 
-def _forge_head(store: ObjectStore, identity: Identity, change: Any) -> None:
-    key = f"{identity.key}/{HEAD_NAME}"
-    body = json.loads(store.get(key).data)
-    body.pop("checksum")
-    change(body)
-    body["checksum"] = sha256_hex(canonical_json(body))
-    store.put(key, canonical_json(body) + b"\n")
-
-
 def test_hostile_values_in_records_are_shown_as_text_never_as_markup(
     store: ObjectStore, tmp_path: Path, admin: dict[str, str]
 ) -> None:
@@ -304,7 +292,7 @@ def test_hostile_values_in_records_are_shown_as_text_never_as_markup(
     def typed(body: dict[str, Any]) -> None:  # a string where the head has an integer
         body["checkpoints"][-1]["total_size"] = "<u>1</u>"
 
-    _forge_head(store, broken, typed)
+    forge_head(store, broken, typed)
     view = client(store, admin)
     from urllib.parse import quote
 
@@ -422,59 +410,17 @@ def test_the_chart_of_a_single_checkpoint_has_room_around_it() -> None:
 
 # -- a real browser -----------------------------------------------------------------------------------------
 
-SERVER = r"""
-import os, sys, uvicorn
-os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
-from fastapi import FastAPI
-from airflow.api_fastapi.app import init_auth_manager
-from airflow.api_fastapi.auth.managers.simple.middleware import SimpleAllAdminMiddleware
-from airflow_stateful.core.stores.local import LocalObjectStore
-from airflow_stateful.plugins.view_app import create_app
-
-init_auth_manager()
-outer = FastAPI()
-outer.add_middleware(SimpleAllAdminMiddleware)
-now = float(sys.argv[3])
-outer.mount("/stateful", create_app(LocalObjectStore(root=sys.argv[1], fsync=False), clock=lambda: now))
-uvicorn.run(outer, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
-"""
-
 
 @pytest.fixture
 def tab_server(tmp_path: Path, airflow_home: Path) -> Iterator[str]:
-    from airflow_stateful.testing.s3_server import free_port
-
     write_run(LocalObjectStore(root=tmp_path / "state", fsync=False), "etl", RUN, tmp_path / "files", now=NOW)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path / "state"), str(port), str(NOW)])
-    base = f"http://127.0.0.1:{port}/stateful"
-    try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                pytest.fail(f"the view's server exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{base}/", timeout=5):
-                    break
-            except OSError:
-                subprocess.run(["sleep", "0.1"], check=False)
-        else:
-            pytest.fail("the view's server never answered")
+    with serve_view(tmp_path / "state", now=NOW) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.slow
 def test_both_tabs_render_in_headless_chromium_in_light_and_dark_mode(tab_server: str) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        print("chromium is not on PATH: skipping the browser check of the Checkpoints tabs")
-        pytest.skip("chromium is not on PATH (apt-get install chromium to run the browser check)")
+    chromium = chromium_or_skip("the browser check of the Checkpoints tabs")
     from urllib.parse import quote
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -485,30 +431,14 @@ def test_both_tabs_render_in_headless_chromium_in_light_and_dark_mode(tab_server
     shots: dict[str, bytes] = {}
     for name, (url, size) in pages.items():
         for mode in ("light", "dark"):
-            shot = ARTIFACTS / f"checkpoints-{name}-{mode}.png"
-            shot.unlink(missing_ok=True)
-            with tempfile.TemporaryDirectory(prefix="stateful-chromium-") as profile:
-                subprocess.run(
-                    [
-                        chromium,
-                        *("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"),
-                        *(
-                            "--disable-background-networking",
-                            "--disable-component-update",
-                            "--hide-scrollbars",
-                        ),
-                        *(["--force-dark-mode"] if mode == "dark" else []),
-                        f"--user-data-dir={profile}",
-                        f"--screenshot={shot}",
-                        f"--window-size={size}",
-                        url,
-                    ],
-                    check=True,
-                    capture_output=True,
-                    timeout=120,
-                )
-            data = shot.read_bytes()
-            assert data[:8] == b"\x89PNG\r\n\x1a\n"
+            dark = ["--force-dark-mode"] if mode == "dark" else []
+            data = screenshot(
+                chromium,
+                url,
+                ARTIFACTS / f"checkpoints-{name}-{mode}.png",
+                window_size=size,
+                flags=["--hide-scrollbars", *dark],
+            )
             assert len(data) > 20_000, f"a {len(data)}-byte screenshot of {name} is too small"
             shots[f"{name}-{mode}"] = data
     assert shots["ti-light"] != shots["ti-dark"] and shots["run-light"] != shots["run-dark"]

@@ -18,13 +18,9 @@ import importlib.metadata
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
-import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -32,12 +28,14 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from checkpoint_history import forge_head
 from fastapi import FastAPI, HTTPException
 from fastapi.testclient import TestClient
+from view_server import chromium_or_skip, screenshot, serve_view
 
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import HEAD_NAME, WriterInfo, canonical_json, parse_iso, sha256_hex
+from airflow_stateful.core.records import WriterInfo, parse_iso
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.plugins import stateful_view
@@ -289,17 +287,6 @@ def test_without_a_token_every_route_is_401_and_reads_nothing(
     assert client.get("/api/identities", headers=forged).status_code in (401, 403)
 
 
-def _forge_head(store: ObjectStore, identity: Identity, change: Any) -> None:
-    """Rewrite ``identity``'s head as anyone who can write the bucket could: ``change`` edits the parsed JSON,
-    and the (unkeyed) checksum is recomputed, so only the record's own checks can refuse it."""
-    key = f"{identity.key}/{HEAD_NAME}"
-    body = json.loads(store.get(key).data)
-    body.pop("checksum")
-    change(body)
-    body["checksum"] = sha256_hex(canonical_json(body))
-    store.put(key, canonical_json(body) + b"\n")
-
-
 SCRIPT = "<script>alert(1)</script>"
 
 
@@ -323,7 +310,7 @@ def test_a_crafted_head_never_puts_markup_in_the_page(
         entry = body["checkpoints"][-1]
         entry.update(seq=SCRIPT, schema_version="<i>9</i>", total_size="<u>1</u>")
 
-    _forge_head(local_store, NAMED_IDENTITY, typed)
+    forge_head(local_store, NAMED_IDENTITY, typed)
     page = view(local_store).get("/")
     assert page.status_code == 200
     text = page.text.lower()
@@ -504,88 +491,19 @@ def test_the_plugin_is_registered_by_entry_point(tmp_path: Path) -> None:
 
 # -- a real browser ----------------------------------------------------------------------------------------
 
-SERVER = r"""
-import os, sys, uvicorn
-os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
-from fastapi import FastAPI
-from airflow.api_fastapi.app import init_auth_manager
-from airflow.api_fastapi.auth.managers.simple.middleware import SimpleAllAdminMiddleware
-from airflow_stateful.core.stores.local import LocalObjectStore
-from airflow_stateful.plugins.view_app import create_app
-
-init_auth_manager()
-outer = FastAPI()
-outer.add_middleware(SimpleAllAdminMiddleware)  # what an api-server with simple_auth_manager_all_admins adds
-outer.mount("/stateful", create_app(LocalObjectStore(root=sys.argv[1], fsync=False)))
-uvicorn.run(outer, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture
 def view_server(tmp_path: Path, airflow_home: Path) -> Iterator[str]:
     """The view served by uvicorn on 127.0.0.1 in a subprocess, over a populated local store."""
     populate(LocalObjectStore(root=tmp_path / "state", fsync=False), tmp_path)
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path / "state"), str(port)])
-    url = f"http://127.0.0.1:{port}/stateful/"
-    try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                pytest.fail(f"the view's server exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                subprocess.run(["sleep", "0.1"], check=False)
-        else:
-            pytest.fail("the view's server never answered")
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with serve_view(tmp_path / "state") as base:
+        yield f"{base}/"
 
 
 @pytest.mark.slow
 def test_the_page_renders_in_headless_chromium(view_server: str, tmp_path: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        print("chromium is not on PATH: skipping the browser check")
-        pytest.skip("chromium is not on PATH (apt-get install chromium to run the browser check)")
+    chromium = chromium_or_skip("the browser check")
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "stateful-view.png"
-    shot.unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(prefix="stateful-chromium-") as profile:
-        subprocess.run(
-            [
-                chromium,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={profile}",
-                f"--screenshot={shot}",
-                "--window-size=1280,800",
-                view_server,
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    data = screenshot(chromium, view_server, shot, window_size="1280,800", flags=["--disable-quic"])
     assert len(data) > 20_000, f"a {len(data)}-byte screenshot is too small to show the table"

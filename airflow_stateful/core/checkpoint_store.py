@@ -835,6 +835,17 @@ class CheckpointStore:
             "roll back to an older checkpoint with `airflow-stateful rollback`."
         )
 
+    def read_manifest(self, entry: CheckpointEntry) -> Manifest:
+        """The manifest of ``entry``, one of the checkpoints of a head record of this identity, verified.
+
+        An inline manifest was verified with the head that carries it; a manifest object must have the size and
+        SHA-256 the entry records and name this checkpoint of this identity, else
+        :class:`~airflow_stateful.core.errors.CheckpointCorruptError`. A missing object raises the store's
+        :class:`~airflow_stateful.core.errors.ObjectNotFoundError` as it is (:meth:`get` and :meth:`latest`
+        tell a pruned checkpoint from a lost one).
+        """
+        return self._read_manifest(entry)
+
     def _read_manifest(self, entry: CheckpointEntry) -> Manifest:
         if entry.inline is not None:  # verified with the head that carries it
             # A deep copy: whoever gets this manifest may change its value (a migration does), and that must

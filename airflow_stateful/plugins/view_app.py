@@ -281,6 +281,18 @@ def create_app(
             default_interval=interval(),
         )
 
+    def tab_work(
+        read: Callable[..., TabView], context: dict[str, Any], **where: Any
+    ) -> Callable[[], tuple[TabView, dict[str, Any]]]:
+        """The work that reads a tab, ``read(store, **where, now=, default_interval=, bounds=)``, and returns it
+        with the page's ``context``."""
+
+        def load() -> tuple[TabView, dict[str, Any]]:
+            tab = read(get_store(), **where, now=clock(), default_interval=interval(), bounds=limits)
+            return tab, context
+
+        return load
+
     def ti_tab(
         viewer: Viewer, request: Request, map_index: str, *, api: bool = False
     ) -> Callable[[], tuple[TabView, dict[str, Any]]]:
@@ -290,27 +302,16 @@ def create_app(
         _checked_task(dag_id, run_id, task_id, index)
         viewer.require_dag(dag_id)
         root = _view_root(request)
-
-        def load() -> tuple[TabView, dict[str, Any]]:
-            tab = task_instance_tab(
-                get_store(),
-                dag_id=dag_id,
-                run_id=run_id,
-                task_id=task_id,
-                map_index=index,
-                now=clock(),
-                default_interval=interval(),
-                bounds=limits,
-            )
-            return tab, {
-                "dag_id": dag_id,
-                "run_id": run_id,
-                "task": task_id if index == -1 else f"{task_id} [{index}]",
-                "run_href": run_path(root, dag_id, run_id),
-                "json_href": ti_path(f"{root}/api", dag_id, run_id, task_id, index),
-            }
-
-        return load
+        context = {
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "task": task_id if index == -1 else f"{task_id} [{index}]",
+            "run_href": run_path(root, dag_id, run_id),
+            "json_href": ti_path(f"{root}/api", dag_id, run_id, task_id, index),
+        }
+        return tab_work(
+            task_instance_tab, context, dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=index
+        )
 
     def run_tab(
         viewer: Viewer, request: Request, *, api: bool = False
@@ -320,24 +321,22 @@ def create_app(
         _checked_task(dag_id, run_id, "-", -1)
         viewer.require_dag(dag_id)
         root = _view_root(request)
+        context = {"dag_id": dag_id, "run_id": run_id, "json_href": run_path(f"{root}/api", dag_id, run_id)}
+        return tab_work(dag_run_tab, context, dag_id=dag_id, run_id=run_id, root=root)
 
-        def load() -> tuple[TabView, dict[str, Any]]:
-            tab = dag_run_tab(
-                get_store(),
-                dag_id=dag_id,
-                run_id=run_id,
-                now=clock(),
-                default_interval=interval(),
-                bounds=limits,
-                root=root,
-            )
-            return tab, {
-                "dag_id": dag_id,
-                "run_id": run_id,
-                "json_href": run_path(f"{root}/api", dag_id, run_id),
-            }
+    async def tab_page(template: str, load: Callable[[], tuple[TabView, dict[str, Any]]]) -> HTMLResponse:
+        """A tab's page: ``load`` read and rendered with ``template`` by the work gate."""
 
-        return load
+        def render() -> str:
+            tab, context = load()
+            return _ENV.get_template(template).render(css=_CSS, tab=tab, **context)
+
+        return HTMLResponse(await work.run(render))
+
+    async def tab_json(load: Callable[[], tuple[TabView, dict[str, Any]]]) -> dict[str, Any]:
+        """A tab's JSON body, read by the work gate."""
+        tab, _ = await work.run(load)
+        return tab.body
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
@@ -431,35 +430,21 @@ def create_app(
     async def task_instance_page(
         path: str, request: Request, viewer: ViewerDep, map_index: str = "-1"
     ) -> HTMLResponse:
-        load = ti_tab(viewer, request, map_index)
-
-        def render() -> str:
-            tab, context = load()
-            return _ENV.get_template("task.html").render(css=_CSS, tab=tab, **context)
-
-        return HTMLResponse(await work.run(render))
+        return await tab_page("task.html", ti_tab(viewer, request, map_index))
 
     @app.get("/api/ti/{path:path}")
     async def task_instance_api(
         path: str, request: Request, viewer: ViewerDep, map_index: str = "-1"
     ) -> dict[str, Any]:
-        tab, _ = await work.run(ti_tab(viewer, request, map_index, api=True))
-        return tab.body
+        return await tab_json(ti_tab(viewer, request, map_index, api=True))
 
     @app.get("/run/{path:path}", response_class=HTMLResponse)
     async def dag_run_page(path: str, request: Request, viewer: ViewerDep) -> HTMLResponse:
-        load = run_tab(viewer, request)
-
-        def render() -> str:
-            tab, context = load()
-            return _ENV.get_template("run.html").render(css=_CSS, tab=tab, **context)
-
-        return HTMLResponse(await work.run(render))
+        return await tab_page("run.html", run_tab(viewer, request))
 
     @app.get("/api/run/{path:path}")
     async def dag_run_api(path: str, request: Request, viewer: ViewerDep) -> dict[str, Any]:
-        tab, _ = await work.run(run_tab(viewer, request, api=True))
-        return tab.body
+        return await tab_json(run_tab(viewer, request, api=True))
 
     @app.get("/api/identities/{key:path}/history")
     async def history(key: str, request: Request, viewer: ViewerDep) -> dict[str, Any]:

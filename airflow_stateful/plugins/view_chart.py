@@ -215,6 +215,19 @@ def _cross(point: Point, x_of: Callable[[float], float], y: float) -> Cross:
     )
 
 
+def _lease_lines(lease: LeaseMarks, *, taken: bool) -> list[VLine]:
+    """The current lease's lines: where it was taken when ``taken`` (its holder has no kept checkpoint yet), and
+    where it expired when it did."""
+    lines = []
+    if taken:
+        title = f"{lease.holder} took the lease here (epoch {lease.epoch}) and has no kept checkpoint yet"
+        lines.append(VLine(kind="lease", at=lease.acquired_at, label="lease taken", title=title))
+    if lease.expired_at is not None:
+        title = f"the lease of {lease.holder} expired here (not renewed: the writer is gone)"
+        lines.append(VLine(kind="expired", at=lease.expired_at, label="lease expired", title=title))
+    return lines
+
+
 def build_chart(points: Sequence[Point], *, lease: LeaseMarks | None = None) -> Chart | None:
     """The chart of ``points`` (kept checkpoints, any order); ``None`` when there is nothing to draw."""
     if not points and lease is None:
@@ -231,12 +244,8 @@ def build_chart(points: Sequence[Point], *, lease: LeaseMarks | None = None) -> 
         return float((p.items or 0) if by_items else p.seq)
 
     taken = lease is not None and not any(p.epoch == lease.epoch for p in ordered)
-    times = [p.at for p in ordered]
-    if lease is not None:
-        if taken:
-            times.append(lease.acquired_at)
-        if lease.expired_at is not None:
-            times.append(lease.expired_at)
+    lease_lines = [] if lease is None else _lease_lines(lease, taken=taken)
+    times = [p.at for p in ordered] + [line.at for line in lease_lines]
     if not times:
         return None
     t0, t1 = min(times), max(times)
@@ -306,26 +315,9 @@ def build_chart(points: Sequence[Point], *, lease: LeaseMarks | None = None) -> 
         chart.crosses.append(_cross(before, x_of, y_of(value(before))))
         if after.epoch > before.epoch + 1:
             skipped.append(_epochs_between(before.epoch + 1, after.epoch - 1))
-    if lease is not None and taken:
-        chart.lines.append(
-            VLine(
-                kind="lease",
-                at=lease.acquired_at,
-                label="lease taken",
-                title=f"{lease.holder} took the lease here (epoch {lease.epoch}) and has no kept checkpoint yet",
-            )
-        )
-        if ordered and lease.epoch > ordered[-1].epoch + 1:
-            skipped.append(_epochs_between(ordered[-1].epoch + 1, lease.epoch - 1))
-    if lease is not None and lease.expired_at is not None:
-        chart.lines.append(
-            VLine(
-                kind="expired",
-                at=lease.expired_at,
-                label="lease expired",
-                title=f"the lease of {lease.holder} expired here (not renewed: the writer is gone)",
-            )
-        )
+    chart.lines += lease_lines
+    if lease is not None and taken and ordered and lease.epoch > ordered[-1].epoch + 1:
+        skipped.append(_epochs_between(ordered[-1].epoch + 1, lease.epoch - 1))
     if lease is not None and ordered and lease.epoch != ordered[-1].epoch:
         chart.crosses.append(_cross(ordered[-1], x_of, y_of(value(ordered[-1]))))
     for k, vline in enumerate(sorted(chart.lines, key=lambda v: v.at)):

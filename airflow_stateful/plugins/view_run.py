@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from airflow_stateful.core.catalog import list_identities, read_heads
+from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.identity import RUN_SCOPE, Identity, encode_segment
 from airflow_stateful.core.status import work_status
 from airflow_stateful.core.stores.base import CommonPrefix, ObjectStore
@@ -25,7 +26,6 @@ from airflow_stateful.plugins.view_task import (
     Stop,
     TabView,
     named_matches,
-    read_manifest,
     scope_label,
     status_cells,
     ti_path,
@@ -79,14 +79,8 @@ def dag_run_tab(
         )
         for f in found
     ]
-    body = {
-        "dag_id": dag_id,
-        "run_id": run_id,
-        "task_instances": [r[0] for r in rows],
-        "notes": notes,
-        "truncated": truncated,
-    }
-    return TabView(body=body, cells=[r[1] for r in rows], notes=notes, truncated=truncated)
+    about = {"dag_id": dag_id, "run_id": run_id}
+    return TabView.of(about, "task_instances", rows, notes=notes, truncated=truncated)
 
 
 def _counted(entries: Iterable[T], budget: Budget) -> Iterator[T]:
@@ -137,7 +131,7 @@ def _run_row(
         if latest is not None:
             if newest is None and budget.manifest_refused(latest) is None:
                 try:
-                    newest = read_manifest(store, identity, latest)
+                    newest = CheckpointStore(store=store, identity=identity).read_manifest(latest)
                 except Exception:
                     newest = None
             outputs = None if newest is None else len(newest.outputs)

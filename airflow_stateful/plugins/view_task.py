@@ -26,10 +26,10 @@ from typing import Any
 from urllib.parse import quote
 
 from airflow_stateful.core.catalog import HeadRead, list_identities, ordered_map, read_head, read_heads
-from airflow_stateful.core.errors import CheckpointCorruptError
+from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.identity import NAMED_SCOPE, Identity, encode_segment
 from airflow_stateful.core.progress import human_bytes
-from airflow_stateful.core.records import CheckpointEntry, HeadRecord, Manifest, parse_iso, sha256_hex
+from airflow_stateful.core.records import CheckpointEntry, HeadRecord, Manifest, parse_iso
 from airflow_stateful.core.status import WorkStatus, work_status
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.plugins.view_chart import Chart, LeaseMarks, Point, build_chart
@@ -83,25 +83,6 @@ class Budget:
         return None
 
 
-def read_manifest(store: ObjectStore, identity: Identity, entry: CheckpointEntry) -> Manifest:
-    """The manifest of ``entry``, verified: inline (checked with its head), or the object whose size and SHA-256
-    the entry records, naming this checkpoint of this identity."""
-    what = f"checkpoint {entry.seq} of {identity}"
-    if entry.inline is not None:
-        return Manifest.from_json(entry.inline, identity=identity.key, what=what)
-    if entry.manifest is None or entry.manifest_size is None:
-        raise CheckpointCorruptError(f"{what} names no manifest")
-    blob = store.get(entry.manifest, max_bytes=entry.manifest_size)
-    if len(blob.data) != entry.manifest_size or sha256_hex(blob.data) != entry.manifest_sha256:
-        raise CheckpointCorruptError(
-            f"the manifest of {what} does not match the size and SHA-256 of its entry"
-        )
-    manifest = Manifest.from_bytes(blob.data, key=entry.manifest)
-    if manifest.seq != entry.seq:
-        raise CheckpointCorruptError(f"the manifest of {what} says it is checkpoint {manifest.seq}")
-    return manifest
-
-
 def items_done(manifest: Manifest) -> int | None:
     """The sum of the ``resume()`` cursors a checkpoint records (items finished), or None without cursors."""
     cursors = manifest.extra.get("cursors")
@@ -150,6 +131,21 @@ class TabView:
     notes: list[str] = field(default_factory=list)
     truncated: str | None = None
 
+    @classmethod
+    def of(
+        cls,
+        about: dict[str, Any],
+        key: str,
+        rows: list[tuple[dict[str, Any], dict[str, Any]]],
+        *,
+        notes: list[str],
+        truncated: str | None,
+    ) -> TabView:
+        """A tab of ``rows`` (each its JSON and its page cells): the body is ``about``, then the rows' JSON under
+        ``key``, the notes, and where the listing stopped (None when it is complete)."""
+        body = {**about, key: [row for row, _ in rows], "notes": notes, "truncated": truncated}
+        return cls(body=body, cells=[cells for _, cells in rows], notes=notes, truncated=truncated)
+
 
 def named_matches(
     store: ObjectStore, folder: str, *, map_index: int | None, run_id: str, budget: Budget, notes: list[str]
@@ -181,7 +177,7 @@ def named_matches(
         if newest is None or budget.manifest_refused(newest) is not None:
             continue
         try:
-            manifest = read_manifest(store, read.identity, newest)
+            manifest = CheckpointStore(store=store, identity=read.identity).read_manifest(newest)
         except Exception:
             unreadable += 1
             continue
@@ -224,16 +220,8 @@ def task_instance_tab(
         truncated = f"the search for named identities stopped after it {stop}"
     reading = _Reading(store=store, run_id=run_id, now=now, default_interval=default_interval, budget=budget)
     views = [_identity_view(f, reading) for f in found]
-    body = {
-        "dag_id": dag_id,
-        "run_id": run_id,
-        "task_id": task_id,
-        "map_index": map_index,
-        "identities": [v[0] for v in views],
-        "notes": notes,
-        "truncated": truncated,
-    }
-    return TabView(body=body, cells=[v[1] for v in views], notes=notes, truncated=truncated)
+    about = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index}
+    return TabView.of(about, "identities", views, notes=notes, truncated=truncated)
 
 
 def scope_label(identity: Identity) -> str:
@@ -398,9 +386,11 @@ def _manifests(
         else:
             wanted.append(entry)
 
+    checkpoints = CheckpointStore(store=store, identity=found.identity)
+
     def read(entry: CheckpointEntry) -> Manifest | str:
         try:
-            return read_manifest(store, found.identity, entry)
+            return checkpoints.read_manifest(entry)
         except Exception as exc:  # shown on its own row
             return f"{type(exc).__name__}: {exc}"
 
