@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Pinned versions for reproducible installs (pyproject.toml keeps lower bounds only).
 CONSTRAINTS := constraints/ci.txt
-PYTEST_ARGS ?=
+# Two workers (the machine's two cores); tests/conftest.py keeps the whole-deployment modules on one of them.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: install test demo lint bench soak storm test-matrix clean promtool
 
@@ -62,11 +63,13 @@ bench: $(STAMP)
 # short version (tests/test_kill_soak.py).
 SOAK_ARGS ?=
 # It also runs the two longer Celery-cluster scenarios that `make test` leaves out (an orphaned task process
-# fenced by its retry, a scheduler killed mid-task): tests/test_distributed.py with STATEFUL_LONG_TESTS=1.
+# fenced by its retry, a scheduler killed mid-task): tests/test_distributed.py with STATEFUL_LONG_TESTS=1, and
+# GC racing commits for 300 + 200 rounds (120 + 80 in `make test`).
 soak: $(STAMP)
 	$(PY) tests/soak/kill_soak.py --store both --kills 300 --s3-kills 200 --restore-kills 100 \
 		--s3-restore-kills 50 --seed 1 $(SOAK_ARGS)
-	STATEFUL_LONG_TESTS=1 $(PY) -m pytest -p no:cacheprovider tests/test_distributed.py
+	STATEFUL_LONG_TESTS=1 $(PY) -m pytest -p no:cacheprovider tests/test_distributed.py \
+		"tests/test_lease_renewal.py::test_gc_racing_commits_never_deletes_what_a_committed_checkpoint_references"
 
 # Zombie storm (about 5 minutes): 4 writer processes steal one lease in turns for 120 s on each store; no
 # acknowledged update may be lost, no fenced writer may upload after being told. Short version in `make test`.

@@ -125,3 +125,16 @@ def library_log() -> Iterator[list[str]]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+STACK_MODULES = {"test_distributed.py", "test_e2e_stack.py", "test_ui_auth.py"}
+"""Modules that start a whole Airflow deployment (api-server, schedulers, workers, PostgreSQL, Redis). Under
+pytest-xdist (``make test`` runs two workers) they all go to one worker, one after the other, so that two
+deployments never compete for the machine's cores while their timing-sensitive scenarios run; the other
+worker meanwhile runs the rest of the suite."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in STACK_MODULES:
+            item.add_marker(pytest.mark.xdist_group("stacks"))
