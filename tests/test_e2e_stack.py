@@ -507,7 +507,7 @@ def check_published_outputs(stack: Stack, s3: Any, run_id: str) -> None:
     if fetched != sorted(expected):
         # Seen in 2 of 4 runs here. Airflow queues "asset A has news for DAG D" as one row per (asset, DAG) and, when
         # it creates the run, deletes that row by key; on SQLite `with_row_locks` locks nothing, so an event of the
-        # same asset landing between the scheduler's read and its delete creates no run of its own (PostgreSQL locks
-        # the row and a new one is queued). Airflow 3.3.2, scheduler_job_runner._create_dag_runs_asset_triggered.
+        # same asset landing between the scheduler's read and its delete creates no run of its own (on PostgreSQL
+        # the row lock should make that event queue a new row: not verified here). Airflow 3.3.2, scheduler_job_runner._create_dag_runs_asset_triggered.
         # What this test is about holds either way: the consumer sees committed outputs only.
         print(f"e2e: {runs} consumer run(s) consumed {len(fetched)} of the {len(expected)} committed outputs")
