@@ -200,6 +200,8 @@ def _swap_in(dest: Path, staging: Path, rels: list[PurePosixPath]) -> list[Path]
             (dest / name).mkdir(exist_ok=True)
         for rel in rels:
             target = dest / rel
+            # Stat again (the journal's `existed` is a moment old): a file that appeared since is moved aside too,
+            # so a rollback puts it back instead of losing it.
             if target.exists() or target.is_symlink():
                 aside = staging / "old" / rel
                 aside.parent.mkdir(parents=True, exist_ok=True)
