@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from airflow_stateful.core.errors import CheckpointCorruptError, InvalidValueError
@@ -204,53 +204,19 @@ def merged_tree_files(
 
 
 @dataclass(frozen=True)
-class OutputInfo:
-    """What a reader gets for one committed output: its record and where its bytes are.
+class OutputInfo(OutputRecord):
+    """What a reader gets for one committed output: its record, and where its bytes are.
 
     ``location`` is the outputs tree object that lists the output's chunks, with ``#<name>``; read the bytes with
     :meth:`~airflow_stateful.core.checkpoint_store.CheckpointStore.restore_output` (or ``airflow-stateful
     outputs IDENTITY --get NAME --to DIR``), which verifies every chunk.
     """
 
-    name: str
-    kind: Kind
-    size: int
-    file_count: int
-    sha256: str
-    seq: int
-    committed_at: str
-    location: str
-    try_number: int | None = None
-    run_id: str | None = None
+    location: str = ""
 
     @classmethod
     def of(cls, record: OutputRecord, *, location: str) -> OutputInfo:
-        return cls(
-            name=record.name,
-            kind=record.kind,
-            size=record.size,
-            file_count=record.file_count,
-            sha256=record.sha256,
-            seq=record.seq,
-            committed_at=record.committed_at,
-            location=location,
-            try_number=record.try_number,
-            run_id=record.run_id,
-        )
+        return cls(**{f.name: getattr(record, f.name) for f in fields(record)}, location=location)
 
     def to_json(self) -> dict[str, Any]:
-        body = {
-            "name": self.name,
-            "kind": self.kind,
-            "size": self.size,
-            "file_count": self.file_count,
-            "sha256": self.sha256,
-            "seq": self.seq,
-            "committed_at": self.committed_at,
-            "location": self.location,
-        }
-        if self.try_number is not None:
-            body["try_number"] = self.try_number
-        if self.run_id is not None:
-            body["run_id"] = self.run_id
-        return body
+        return {"name": self.name, **super().to_json(), "location": self.location}
