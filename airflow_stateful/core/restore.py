@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -67,50 +68,29 @@ def _restore_legacy(
     checkpoints: CheckpointStore, manifest: Manifest, dest: Path, *, where: str
 ) -> list[Path]:
     """Format 1: whole-file objects, each through the store's verifying download."""
-    started = time.monotonic()
-    dest.mkdir(parents=True, exist_ok=True)
-    recover_interrupted(dest)
     identity = checkpoints.identity
-    rels = [safe_relative(f.path, manifest_key=where) for f in manifest.files]
-    check_distinct_paths(rels, manifest_key=where)
-    check_restore_targets(dest, rels)
-    total = manifest.total_size
-    progress = None
-    if total >= PROGRESS_MIN_BYTES:
-        progress = TransferProgress(
-            label=f"restoring {len(rels)} file(s) of {identity}", total_bytes=total, logger=log
-        )
-    staging = dest / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
-    try:
+
+    def fetch(rels: list[PurePosixPath], incoming: Path, progress: TransferProgress | None) -> None:
         for rel, entry in zip(rels, manifest.files, strict=True):
             try:
                 checkpoints.store.download_file(
-                    entry.key, staging / "new" / rel, size=entry.size, sha256=entry.sha256, progress=progress
+                    entry.key, incoming / rel, size=entry.size, sha256=entry.sha256, progress=progress
                 )
             except ObjectNotFoundError as exc:
                 raise CheckpointCorruptError(
                     f"file {entry.path!r} of checkpoint {manifest.seq} of {identity} is missing: {exc}. "
                     "Nothing was restored."
                 ) from exc
-        restored = _swap_in(dest, staging, rels)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    if progress:
-        progress.finish()
-    _restored_event(checkpoints, seq=manifest.seq, total=total, files=len(restored), started=started)
-    return restored
 
-
-def _restored_event(
-    checkpoints: CheckpointStore, *, seq: int, total: int, files: int, started: float
-) -> None:
-    events.emit(
-        events.RESTORE,
-        identity=checkpoints.identity.key,
-        seq=seq,
-        bytes=total,
-        files=files,
-        duration=time.monotonic() - started,
+    return _restore(
+        checkpoints,
+        dest,
+        [f.path for f in manifest.files],
+        manifest.total_size,
+        fetch,
+        where=where,
+        label=str(identity),
+        seq=manifest.seq,
     )
 
 
@@ -128,14 +108,43 @@ def restore_tree_files(
 
     A checkpoint's tree, or a published output's files. ``where`` names the record in errors, ``label`` what is
     restored in progress lines."""
+
+    def fetch(rels: list[PurePosixPath], incoming: Path, progress: TransferProgress | None) -> None:
+        download_files(
+            checkpoints.store,
+            files=[(f, incoming / rel) for f, rel in zip(files, rels, strict=True)],
+            workers=checkpoints.parallelism,
+            cached=cache.get if cache is not None else None,
+            remember=cache.put if cache is not None else None,
+            progress=progress,
+        )
+
+    paths = [f.path for f in files]
+    return _restore(
+        checkpoints, Path(dest), paths, sum(f.size for f in files), fetch, where=where, label=label, seq=seq
+    )
+
+
+def _restore(
+    checkpoints: CheckpointStore,
+    dest: Path,
+    paths: list[str],
+    total: int,
+    fetch: Callable[[list[PurePosixPath], Path, TransferProgress | None], None],
+    *,
+    where: str,
+    label: str,
+    seq: int,
+) -> list[Path]:
+    """What every restore does around its downloads: undo an interrupted restore into ``dest``, check the paths,
+    let ``fetch`` download and verify every file into a staging directory, then swap them in all or nothing, and
+    report the restore. ``fetch(rels, incoming, progress)`` writes each ``incoming / rel``."""
     started = time.monotonic()
-    dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     recover_interrupted(dest)
-    rels = [safe_relative(f.path, manifest_key=where) for f in files]
+    rels = [safe_relative(path, manifest_key=where) for path in paths]
     check_distinct_paths(rels, manifest_key=where)
     check_restore_targets(dest, rels)
-    total = sum(f.size for f in files)
     progress = None
     if total >= PROGRESS_MIN_BYTES:
         progress = TransferProgress(
@@ -143,20 +152,20 @@ def restore_tree_files(
         )
     staging = dest / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
     try:
-        download_files(
-            checkpoints.store,
-            files=[(f, staging / "new" / rel) for f, rel in zip(files, rels, strict=True)],
-            workers=checkpoints.parallelism,
-            cached=cache.get if cache is not None else None,
-            remember=cache.put if cache is not None else None,
-            progress=progress,
-        )
+        fetch(rels, staging / "new", progress)
         restored = _swap_in(dest, staging, rels)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if progress:
         progress.finish()
-    _restored_event(checkpoints, seq=seq, total=total, files=len(restored), started=started)
+    events.emit(
+        events.RESTORE,
+        identity=checkpoints.identity.key,
+        seq=seq,
+        bytes=total,
+        files=len(restored),
+        duration=time.monotonic() - started,
+    )
     return restored
 
 
