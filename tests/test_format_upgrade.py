@@ -75,26 +75,29 @@ else:
 """
 
 
-@pytest.fixture(scope="module")
-def old_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The previous release's package, exported from git history."""
+def export_release(commit: str, what: str, dest: Path) -> Path:
+    """The package as it was at ``commit``, exported from git history into ``dest`` (skip if not in history)."""
     found = subprocess.run(
-        ["git", "-C", str(REPO), "cat-file", "-e", f"{OLD_RELEASE}^{{commit}}"], capture_output=True
+        ["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
     )
     if found.returncode != 0:
-        reason = f"commit {OLD_RELEASE} (the last format-1 release) is not in this checkout's git history"
+        reason = f"commit {commit} ({what}) is not in this checkout's git history"
         print(reason)
         pytest.skip(reason)
-    dest = tmp_path_factory.mktemp("old-release")
     archive = dest / "old.tar"
     subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--output", str(archive), OLD_RELEASE, "airflow_stateful"],
-        check=True,
+        ["git", "-C", str(REPO), "archive", "--output", str(archive), commit, "airflow_stateful"], check=True
     )
     with tarfile.open(archive) as tar:
         tar.extractall(dest, filter="data")
     archive.unlink()
     return dest
+
+
+@pytest.fixture(scope="module")
+def old_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The previous release's package, exported from git history."""
+    return export_release(OLD_RELEASE, "the last format-1 release", tmp_path_factory.mktemp("old-release"))
 
 
 def run_old(old_code: Path, verb: str, settings: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -208,27 +211,12 @@ def test_a_release_that_reads_only_format_2_refuses_a_head_with_outputs_and_its_
     """A worker or GC still on the previous release must not misread outputs it does not know: it refuses the
     format-3 head, and its GC deletes none of the outputs' objects (which would look unreferenced to it). Measured:
     the old GC stops with the same FormatVersionError, so an upgrade of only some machines fails loudly."""
-    found = subprocess.run(
-        ["git", "-C", str(REPO), "cat-file", "-e", f"{FORMAT_2_RELEASE}^{{commit}}"], capture_output=True
-    )
-    if found.returncode != 0:
-        reason = (
-            f"commit {FORMAT_2_RELEASE} (the last format-2 release) is not in this checkout's git history"
-        )
-        print(reason)
-        pytest.skip(reason)
     from airflow_stateful.core.records import WriterInfo
     from airflow_stateful.core.session import WriterSession
 
     old = tmp_path / "format-2-release"
     old.mkdir()
-    archive = old / "old.tar"
-    subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--output", str(archive), FORMAT_2_RELEASE, "airflow_stateful"],
-        check=True,
-    )
-    with tarfile.open(archive) as tar:
-        tar.extractall(old, filter="data")
+    export_release(FORMAT_2_RELEASE, "the last format-2 release", old)
     store = LocalObjectStore(root=tmp_path / "state")
     cs = CheckpointStore(store=store, identity=IDENTITY, keep_last=1)
     report = tmp_path / "report.csv"

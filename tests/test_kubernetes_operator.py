@@ -170,6 +170,16 @@ def run_client(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[s
     )
 
 
+def save_in_pod(env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The in-pod client saving a small work directory with the pod's environment; must succeed."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "model.bin").write_text("trained")
+    saved = run_client(env, "save", str(work))
+    assert saved.returncode == 0, saved.stderr
+    return saved
+
+
 def seed_schema_1(url: str, identity: Identity, files: Path) -> int:
     """Version 1 of the job wrote a checkpoint (value + files) at schema 1; returns the epoch it used."""
     store = checkpoints_at(url, identity)
@@ -809,11 +819,7 @@ def test_the_lease_token_is_never_in_the_pod_spec_only_in_a_secret_the_pod_owns(
     client = RESTORE_CONTAINER if mode in ("sidecar", "init") else "base"
     env = api.kubelet_env(pod)[client]
     assert env[LEASE_TOKEN_ENV] == token
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "model.bin").write_text("trained")
-    saved = run_client(env, "save", str(work))
-    assert saved.returncode == 0, saved.stderr
+    saved = save_in_pod(env, tmp_path)
     latest = checkpoints_at(state_url, state.identity).latest()
     assert latest is not None and latest.epoch == state.lease.epoch and token not in saved.stderr
 
@@ -1123,11 +1129,7 @@ def test_the_users_own_node_name_and_pod_name_are_kept_and_every_save_records_th
     state, pod = start_pod(op, make_context(try_number=2), api)
     env = api.kubelet_env(pod)["base"]
     assert (env["NODE_NAME"], env["POD_NAME"]) == ("node-a", pod.metadata.name)
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "model.bin").write_text("trained")
-    saved = run_client(env, "save", str(work))
-    assert saved.returncode == 0, saved.stderr
+    save_in_pod(env, tmp_path)
     latest = checkpoints_at(state_url, state.identity).latest()
     assert latest is not None
     assert (latest.writer.node, latest.writer.pod) == ("node-a", pod.metadata.name)
