@@ -534,7 +534,7 @@ class CheckpointStore:
             human_bytes(sum(f.size for f in files)),
             result.chunks_sent,
         )
-        return StagedOutput(name=name, kind=kind, files=tuple(files), sha256=sha, source=str(given))
+        return StagedOutput(name=name, kind=kind, files=tuple(files), sha256=sha)
 
     def outputs(self, manifest: Manifest | None = None) -> dict[str, OutputInfo]:
         """The outputs committed so far (by the newest checkpoint, or by ``manifest``), by name; ``{}`` before

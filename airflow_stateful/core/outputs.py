@@ -81,7 +81,6 @@ class StagedOutput:
     kind: Kind
     files: tuple[TreeFile, ...]
     sha256: str
-    source: str
 
     @property
     def size(self) -> int:
