@@ -542,7 +542,11 @@ def test_the_ui_shows_the_view_to_a_logged_in_viewer_in_chromium(server: Server)
         run_link = next(href for label, href, _ in frame["links"] if label == "DAG run")
         page.evaluate(CLICK_FIRST_RUN_LINK)
         _wait_for(page, f"document.querySelector('iframe').contentWindow.location.pathname == {run_link!r}")
-        assert page.evaluate("location.pathname") == f"/plugin/stateful{run_link}"
+        # The UI mirrors the frame's path a moment after the frame navigated (a fresh-clone run caught it still
+        # showing the first page): wait for it, then check it.
+        mirrored = f"/plugin/stateful{run_link}"
+        _wait_for(page, f"location.pathname == {mirrored!r}", timeout=15)
+        assert page.evaluate("location.pathname") == mirrored
         logged = [e["params"]["entry"]["text"] for e in page.events if e.get("method") == "Log.entryAdded"]
         assert not [t for t in logged if "Content Security Policy" in t or "Unsafe attempt" in t], logged
 
