@@ -205,6 +205,42 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "30m",
                         "default": "3600",
                     },
+                    "release_after_success": {
+                        "description": (
+                            "How long after a task succeeded GC releases (deletes) the state of its DAG run. "
+                            "Unset (the default): it ages out by GC's idle_for like any other state, as before. "
+                            "Named identities (state across runs) are never released by success. Seconds or a "
+                            "duration like 7d; 0 or never: unset."
+                        ),
+                        "version_added": _ADDED,
+                        "type": "string",
+                        "example": "7d",
+                        "default": "",
+                    },
+                    "keep_failed_for": {
+                        "description": (
+                            "How long GC keeps the per-run state of a task that failed for good (no retry "
+                            "left) at least, whatever idle_for says, so that a task cleared in that time "
+                            "resumes from its checkpoint. Seconds or a duration; 0 or never: no minimum."
+                        ),
+                        "version_added": _ADDED,
+                        "type": "string",
+                        "example": "90d",
+                        "default": "30d",
+                    },
+                    "airflow_conn_id": {
+                        "description": (
+                            "An Airflow connection (type http: host is Airflow's API server URL, login and "
+                            "password a user that may read the DAGs) through which GC in the maintenance DAG "
+                            "asks Airflow whether a run is finished before it deletes the run's state. GC keeps "
+                            "a run's state when it cannot tell. Empty: GC judges by the head alone. The "
+                            "airflow-stateful CLI asks Airflow's metadata database instead, where configured."
+                        ),
+                        "version_added": _ADDED,
+                        "type": "string",
+                        "example": "airflow_api",
+                        "default": "",
+                    },
                 },
             }
         },

@@ -25,6 +25,7 @@ from s3_endpoint import S3Endpoint
 from airflow_stateful.cli.main import EXIT_OK, EXIT_PROBLEM, _cmd_du, _cmd_ls, build_parser
 from airflow_stateful.core import CheckpointStore, Identity
 from airflow_stateful.core.catalog import HEAD_READERS, list_identities, ordered_map, read_heads
+from airflow_stateful.core.config import StatefulSettings
 from airflow_stateful.core.errors import CheckpointCorruptError
 from airflow_stateful.core.gc import plan_gc
 from airflow_stateful.core.records import HEAD_NAME
@@ -157,7 +158,7 @@ def test_ls_prints_the_same_rows_in_key_order_and_a_corrupt_head_as_its_own_erro
 
     code, table = ls(store, "etl/load/")
     lines = table.splitlines()
-    assert lines[0].split() == ["IDENTITY", "SEQ", "KEPT", "BYTES", "EPOCH", "LEASE", "STATUS", "UPDATED"]
+    assert lines[0].split() == ["IDENTITY", "SEQ", "KEPT", "BYTES", "EPOCH", "LEASE", "STATUS", "OUTCOME", "UPDATED"]
     assert [line.split()[0] for line in lines[1:]] == ["etl/load/part-1", "etl/load/part-2", "etl/load"]
     assert lines[2].split()[1:3] == ["error:", "CheckpointCorruptError:"]
     seq_column = lines[0].index("SEQ")
@@ -387,7 +388,16 @@ def test_du_streams_rows_and_reports_a_corrupt_head_with_its_bytes(
     store.put(f"etl-x/job/{HEAD_NAME}", b"[]")
     out = io.StringIO()
     monkeypatch.setattr("sys.stdout", out)
-    args = argparse.Namespace(prefix="", json=True, price_per_gb_month=0.023)
+    args = argparse.Namespace(
+        prefix="",
+        json=True,
+        price_per_gb_month=0.023,
+        idle_for=None,
+        release_after_success=None,
+        keep_failed_for=None,
+        settings=StatefulSettings(backend_url=store.url),
+        lease_grace=60.0,
+    )
     assert _cmd_du(args, store) == EXIT_PROBLEM
     rows = json.loads(out.getvalue())
     keys = [r["identity"] for r in rows]

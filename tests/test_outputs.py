@@ -23,7 +23,7 @@ from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity
 from airflow_stateful.core.errors import CheckpointNotFoundError, FencedError, InvalidValueError
-from airflow_stateful.core.records import FORMAT_VERSION, HEAD_NAME, PLAIN_FORMAT, WriterInfo
+from airflow_stateful.core.records import HEAD_NAME, OUTPUTS_FORMAT, PLAIN_FORMAT, WriterInfo
 from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
@@ -284,7 +284,7 @@ def test_a_head_with_outputs_is_written_in_the_format_older_releases_refuse(
     session.publish("o", write(tmp_path / "o", b"o"))
     session.commit({"n": 2})
     head = reader(store).head()
-    assert head is not None and head.format == FORMAT_VERSION == 3
+    assert head is not None and head.format == OUTPUTS_FORMAT == 3
     body = json.loads(store.get(f"{IDENTITY.key}/{HEAD_NAME}").data)
     assert body["format"] == 3 and body["checkpoints"][-1]["outputs_tree"]["key"].startswith(IDENTITY.key)
     session.close()

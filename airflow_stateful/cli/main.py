@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 
 from airflow_stateful.cli.output import TABLE_PAGE, emit
 from airflow_stateful.core import config
+from airflow_stateful.core.airflow_runs import RunStates
 from airflow_stateful.core.catalog import list_identities
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.durations import parse_duration
@@ -46,6 +48,7 @@ from airflow_stateful.core.errors import (
 from airflow_stateful.core.gc import apply_gc, group_by_identity, plan_gc
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.item_progress import ItemProgress
+from airflow_stateful.core.lifetimes import Lifetimes, judge
 from airflow_stateful.core.outputs import OutputInfo, check_output_name, content_sha256
 from airflow_stateful.core.records import HeadRecord, Manifest, WriterInfo
 from airflow_stateful.core.status import STATUSES, WorkStatus
@@ -74,6 +77,7 @@ def open_store(args: argparse.Namespace) -> ObjectStore:
         endpoint_url=args.endpoint_url or os.environ.get("STATEFUL_S3_ENDPOINT_URL") or None,
     )
     args.lease_grace = hook.lease_grace
+    args.settings = hook.settings
     if getattr(args, "default_interval", None) is None:
         args.default_interval = timedelta(seconds=hook.settings.expected_checkpoint_interval)
     _logs_to_stderr()  # after Airflow (imported above) configured logging, before boto3 logs anything
@@ -87,7 +91,7 @@ def checkpoints_of(store: ObjectStore, key: str) -> CheckpointStore:
     return cs
 
 
-LS_COLUMNS = ["identity", "seq", "kept", "bytes", "epoch", "lease", "status", "updated"]
+LS_COLUMNS = ["identity", "seq", "kept", "bytes", "epoch", "lease", "status", "outcome", "updated"]
 
 
 def _cmd_ls(args: argparse.Namespace, store: ObjectStore) -> int:
@@ -123,6 +127,10 @@ def _ls_row(identity: Identity, head: HeadRecord, status: WorkStatus) -> dict[st
         "lease": lease.holder.describe() if lease else None,
         "updated": head.updated_at,
         **status.to_json(),  # status, since_progress_seconds, checkpoint_age_seconds, ..., reason
+        # How the newest try ended (Airflow's words), what GC judges lifetimes by; the whole record in --json.
+        "outcome": head.outcome.describe() if head.outcome else None,
+        "outcome_record": head.outcome.to_json() if head.outcome else None,
+        "pinned": [e.seq for e in head.pinned],
     }
 
 
@@ -400,13 +408,55 @@ def _progress(label: str, total: int) -> ItemProgress:
     return ItemProgress(label=label, total=total, logger=_log)
 
 
+def _lifetimes(args: argparse.Namespace) -> tuple[timedelta | None, timedelta | None]:
+    """``(release_after_success, keep_failed_for)``: the options, else ``[stateful]`` (``0``: none)."""
+    settings = args.settings
+
+    def pick(given: timedelta | None, configured: float | None) -> timedelta | None:
+        if given is not None:
+            return given or None
+        return timedelta(seconds=configured) if configured else None
+
+    return (
+        pick(args.release_after_success, settings.release_after_success),
+        pick(args.keep_failed_for, settings.keep_failed_for),
+    )
+
+
+def _airflow_run_states(args: argparse.Namespace) -> tuple[RunStates | None, str]:
+    """Where GC asks whether runs are finished (``--airflow-conn-id``: the REST API; ``--airflow db``/``auto``: the
+    metadata database), and a line saying which or why not. ``--airflow db`` without a database is an error."""
+    if args.airflow_conn_id:
+        from airflow_stateful.hooks.airflow_api import AirflowApiHook
+
+        states = AirflowApiHook(airflow_conn_id=args.airflow_conn_id).run_states()
+        return states, f"Airflow's REST API at {states.base_url} (connection {args.airflow_conn_id!r})"
+    if args.airflow == "no":
+        return None, "Airflow not asked (--airflow no): the heads' recorded outcomes decide"
+    from airflow_stateful.cli.airflow_db import metadata_db_run_states
+
+    db, line = metadata_db_run_states()
+    if db is None and args.airflow == "db":
+        raise ConfigurationError(f"--airflow db: {line}")
+    if db is None:
+        return None, f"Airflow not asked: {line}; the heads' recorded outcomes decide"
+    return db, line
+
+
 def _cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
-    """Plan, then (unless ``--dry-run``) apply: both print the same rows for an unchanged store."""
+    """Plan, then (unless ``--dry-run``) apply: both print the same rows for an unchanged store, one per identity,
+    each saying why it is kept or deleted (the ``why`` column; ``lifetime`` in ``--json``)."""
     groups = group_by_identity(store, args.prefix or "")
+    release_after_success, keep_failed_for = _lifetimes(args)
+    airflow, asked = _airflow_run_states(args)
+    print(f"gc: asking {asked}" if airflow is not None else f"gc: {asked}", file=sys.stderr)
     bar = _progress("gc: planning", len(groups))
     plan = plan_gc(
         store,
         idle_for=args.idle_for,
+        release_after_success=release_after_success,
+        keep_failed_for=keep_failed_for,
+        airflow=airflow,
         keep_last=args.keep_last,
         min_age=args.min_age,
         grace=args.lease_grace,
@@ -421,8 +471,11 @@ def _cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
         skipped = apply_gc(plan, progress=bar).skipped
         bar.finish()
     rows = []
-    for item in plan.identities:
-        action = item.action(dry_run=args.dry_run, skipped=skipped.get(item.identity))
+    for item in plan.everything:
+        if item.reasons or item.skipped:
+            action = item.action(dry_run=args.dry_run, skipped=skipped.get(item.identity))
+        else:
+            action = "kept"
         rows.append(
             {
                 "identity": item.identity,
@@ -430,10 +483,11 @@ def _cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
                 "objects": len(item.keys),
                 "bytes": item.bytes,
                 "action": action,
+                "why": item.why or None,
                 "keys": item.keys,
             }
         )
-    emit(rows, ["identity", "reasons", "objects", "bytes", "action"], as_json=args.json)
+    emit(rows, ["identity", "reasons", "objects", "bytes", "action", "why"], as_json=args.json)
     return EXIT_OK
 
 
@@ -451,6 +505,10 @@ def _cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
     price = args.price_per_gb_month
     total = {"checkpoints": 0, "objects": 0, "bytes": 0, "garbage_bytes": 0}
     errors = 0
+    release_after_success, keep_failed_for = _lifetimes(args)
+    lives = Lifetimes(
+        idle_for=args.idle_for, release_after_success=release_after_success, keep_failed_for=keep_failed_for
+    )
 
     def rows() -> Iterator[dict[str, Any]]:
         nonlocal errors
@@ -466,6 +524,8 @@ def _cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
                 "idle": _age(u.idle_seconds),
                 "idle_seconds": u.idle_seconds,
                 "usd_per_month": round(u.monthly_cost(price), 6),
+                "outcome": u.head.outcome.state if u.head is not None and u.head.outcome else None,
+                "lifetime": _lifetime(u.head, u.identity, lives, args.lease_grace),
             }
             if u.error is not None:
                 errors += 1
@@ -477,11 +537,34 @@ def _cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
             "idle": None,
             "idle_seconds": None,
             "usd_per_month": round(total["bytes"] / GB * price, 6),
+            "outcome": None,
+            "lifetime": None,
         }
 
-    columns = ["identity", "checkpoints", "objects", "bytes", "garbage_bytes", "idle", "usd_per_month"]
+    columns = [
+        "identity",
+        "checkpoints",
+        "objects",
+        "bytes",
+        "garbage_bytes",
+        "idle",
+        "usd_per_month",
+        "outcome",
+        "lifetime",
+    ]
     emit(rows(), columns, as_json=args.json, page=TABLE_PAGE)
     return EXIT_PROBLEM if errors else EXIT_OK
+
+
+def _lifetime(head: HeadRecord | None, key: str, lives: Lifetimes, grace: float) -> str | None:
+    """What GC would do with the identity by the heads alone (``du`` asks Airflow nothing)."""
+    if head is None:
+        return None
+    try:
+        identity = Identity.parse(key)
+    except ValueError:
+        return None
+    return judge(head, identity, now=time.time(), lifetimes=lives, grace=grace).reason
 
 
 def _duration(text: str) -> timedelta:
@@ -520,6 +603,23 @@ def _add_default_interval(p: argparse.ArgumentParser) -> None:
         help="how long a live lease may go without a commit before it is stuck, for leases that record no "
         "expected_checkpoint_interval of their own (default: [stateful] expected_checkpoint_interval, "
         f"{default} unless configured)",
+    )
+
+
+def _add_lifetimes(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--release-after-success",
+        type=_duration,
+        metavar="DURATION",
+        help="delete per-run state this long after its task succeeded (default: [stateful] "
+        "release_after_success, unset: by --idle-for)",
+    )
+    p.add_argument(
+        "--keep-failed-for",
+        type=_duration,
+        metavar="DURATION",
+        help="keep per-run state of a task that failed for good at least this long, so a cleared task resumes "
+        f"(default: [stateful] keep_failed_for, {_hms(config.KEEP_FAILED_FOR.total_seconds())}; 0: no minimum)",
     )
 
 
@@ -617,7 +717,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--idle-for", type=_duration, metavar="DURATION", help="delete identities not updated for this long"
     )
     p.add_argument("--keep-last", type=int, metavar="N", help="keep at most N checkpoints per identity")
-    p.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
+    _add_lifetimes(p)
+    p.add_argument(
+        "--airflow",
+        choices=("auto", "db", "no"),
+        default="auto",
+        help="ask Airflow's metadata database whether a run is finished before deleting its state: auto (if this "
+        "installation's database can be read), db (it must be), no (the heads' recorded outcomes decide)",
+    )
+    p.add_argument(
+        "--airflow-conn-id",
+        metavar="CONN_ID",
+        help="ask Airflow's REST API instead, through this connection (type http: the API server URL, a user)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list every identity and why it is kept or deleted; change nothing",
+    )
     p.set_defaults(run=_cmd_gc)
     p = sub.add_parser(
         "du", parents=[common], help="bytes, checkpoints, idle age and monthly cost per identity"
@@ -629,6 +746,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_PRICE_PER_GB_MONTH,
         help=f"storage price in USD (default {DEFAULT_PRICE_PER_GB_MONTH}, S3 Standard)",
     )
+    p.add_argument(
+        "--idle-for",
+        type=_duration,
+        metavar="DURATION",
+        help="judge the lifetime column as `gc --idle-for` would (default: no age limit)",
+    )
+    _add_lifetimes(p)
     p.set_defaults(run=_cmd_du)
     return parser
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_stateful.core import config, events
+from airflow_stateful.core.code_identity import CodeIdentity
 from airflow_stateful.core.codecs import JSON, encode_value, encoded_form
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
@@ -58,6 +59,7 @@ from airflow_stateful.core.lease import (
     lease_of,
     renewed,
 )
+from airflow_stateful.core.outcomes import TryOutcome
 from airflow_stateful.core.outputs import (
     MAX_OUTPUTS,
     Kind,
@@ -71,13 +73,15 @@ from airflow_stateful.core.outputs import (
 )
 from airflow_stateful.core.progress import TransferProgress, human_bytes
 from airflow_stateful.core.records import (
-    FORMAT_VERSION,
     MAX_EXPECTED_INTERVAL,
+    MAX_PINS,
+    OUTPUTS_FORMAT,
     PLAIN_FORMAT,
     CheckpointEntry,
     FileEntry,
     HeadRecord,
     Manifest,
+    PinRecord,
     WriterInfo,
     canonical_json,
     data_commit_of,
@@ -166,6 +170,7 @@ class CheckpointStore:
         steal: bool = False,
         grace: float = 0.0,
         expected_interval: float | None = None,
+        outcome: TryOutcome | None = None,
     ) -> Lease:
         """Take the lease, raising the epoch so every earlier writer is fenced.
 
@@ -174,6 +179,8 @@ class CheckpointStore:
             passes the lease grace, so it never takes over a lease whose holder may still be renewing it).
         :param expected_interval: seconds within which this holder means to commit; recorded in the lease so
             that readers can tell it stuck (alive, no progress) from active (:mod:`airflow_stateful.core.status`).
+        :param outcome: the try's ``running`` outcome (:mod:`airflow_stateful.core.outcomes`), recorded in the same
+            write: what maintenance assumes of the try if it dies without recording its end.
         """
         if expected_interval is not None and not 1 <= expected_interval <= MAX_EXPECTED_INTERVAL:
             raise InvalidValueError(
@@ -192,6 +199,7 @@ class CheckpointStore:
                 token=token,
                 grace=grace,
                 expected_interval=expected_interval,
+                outcome=outcome,
             )
         )
         assert head.lease is not None
@@ -210,15 +218,56 @@ class CheckpointStore:
         assert head.lease is not None
         return replace(lease, expires_at=head.lease.expires_at)
 
-    def release(self, lease: Lease) -> bool:
-        """Give the lease up (the epoch stays). Returns False, without error, if it was already taken over."""
+    def release(self, lease: Lease, *, outcome: TryOutcome | None = None) -> bool:
+        """Give the lease up (the epoch stays). Returns False, without error, if it was already taken over.
+
+        :param outcome: how the try ended, recorded in the same write (the head's outcome is kept otherwise).
+        """
+
+        def decide(head: HeadRecord | None) -> HeadRecord:
+            current = check_holder(head, lease, action="release")
+            return current.evolve(lease=None, outcome=outcome or current.outcome)
+
         try:
-            self.heads.update(
-                lambda h: check_holder(h, lease, action="release").evolve(lease=None), fresh=False
-            )
+            self.heads.update(decide, fresh=False)
         except FencedError:
             return False
         return True
+
+    def pin(self, lease: Lease, seq: int, *, reason: str, by: str = "") -> HeadRecord:
+        """Pin kept checkpoint ``seq`` so that retention never evicts it (fenced like a commit).
+
+        Already pinned: nothing changes. At :data:`~airflow_stateful.core.records.MAX_PINS` pins the oldest pin is
+        released (logged as a warning): a head must stay small enough for every reader.
+        """
+        at = utcnow_iso(self.clock())
+
+        def decide(head: HeadRecord | None) -> HeadRecord:
+            head = check_holder(head, lease, action="pin a checkpoint of")
+            entries = list(head.checkpoints)
+            index = next((n for n, e in enumerate(entries) if e.seq == seq), None)
+            if index is None:
+                raise CheckpointNotFoundError(f"identity {self.identity} keeps no checkpoint {seq} to pin")
+            if entries[index].pinned is not None:
+                return head
+            entries[index] = replace(entries[index], pinned=PinRecord(at=at, reason=reason, by=by))
+            pinned = [n for n, e in enumerate(entries) if e.pinned is not None]
+            if len(pinned) > MAX_PINS:
+                oldest = entries[pinned[0]]
+                log.warning(
+                    "%s: more than %d pinned checkpoints; releasing the pin of the oldest, %d (%s)",
+                    self.identity,
+                    MAX_PINS,
+                    oldest.seq,
+                    oldest.pinned.reason if oldest.pinned else "",
+                )
+                entries[pinned[0]] = replace(oldest, pinned=None)
+            changed = head.evolve(checkpoints=tuple(entries))
+            return changed.evolve(format=changed.written_format)
+
+        head = self.heads.update(decide)
+        log.warning("%s: pinned checkpoint %d (%s); retention will keep it", self.identity, seq, reason)
+        return head
 
     def break_lease(self, *, grace: float | None = None, token: str | None = None) -> HeadRecord | None:
         """Remove the lease and raise the epoch, fencing its holder. ``None`` if the identity has no head.
@@ -254,6 +303,8 @@ class CheckpointStore:
         encoded: bool = False,
         check: Callable[[], None] | None = None,
         outputs: Mapping[str, StagedOutput] | None = None,
+        code: CodeIdentity | None = None,
+        unpin: Collection[str] = (),
     ) -> Manifest:
         """Make ``value`` (and the files below ``files``) the identity's newest checkpoint, atomically.
 
@@ -273,6 +324,8 @@ class CheckpointStore:
             commit with nothing made visible (a :class:`WriterSession` stops a writer that lost its lease).
         :param outputs: outputs staged by :meth:`stage_output`, made visible with this checkpoint (added to, or
             replacing by name, the outputs of the newest checkpoint, which every commit carries over).
+        :param code: what code writes it (:mod:`airflow_stateful.core.code_identity`), recorded in the manifest.
+        :param unpin: commit ids of pinned checkpoints whose pin this commit releases (in the same write).
         """
         if lease.identity != self.identity:
             raise ValueError(f"lease is for {lease.identity}, not {self.identity}")
@@ -343,7 +396,8 @@ class CheckpointStore:
             tree=tree_ref,
             outputs=output_records,
             outputs_tree=outputs_tree,
-            format=FORMAT_VERSION if outputs_tree is not None else PLAIN_FORMAT,
+            format=OUTPUTS_FORMAT if outputs_tree is not None else PLAIN_FORMAT,
+            code=code,
         )
         body = manifest.to_json()
         raw = canonical_json(body) + b"\n"
@@ -382,7 +436,8 @@ class CheckpointStore:
                     f"identity {self.identity} advanced to seq {current.next_seq - 1} while this commit "
                     f"(seq {seq}) was in flight with the same lease; commit from one thread at a time."
                 )
-            keep, drop = self.retention.split([*current.checkpoints, entry])
+            kept = [replace(e, pinned=None) if e.commit_id in unpin else e for e in current.checkpoints]
+            keep, drop = self.retention.split([*kept, entry])
             freed[:] = [e for e in drop if e.manifest or e.tree or e.data_refs or e.outputs_tree]
             advanced = current.evolve(next_seq=seq + 1, checkpoints=tuple(keep))
             return renewed(

@@ -37,6 +37,8 @@ RENEW_FRACTION = 1 / 3
 EXPECTED_CHECKPOINT_INTERVAL = timedelta(hours=1)
 """A writer with a live lease that commits nothing for longer than this is *stuck* (:mod:`.status`), unless its
 task declares its own ``expected_checkpoint_interval``."""
+KEEP_FAILED_FOR = timedelta(days=30)
+"""Per-run state of a task that failed for good is kept at least this long, so a task cleared meanwhile resumes."""
 RESTORE_CACHE_MAX_BYTES = 2 * 1024 * 1024 * 1024
 """Bytes a worker's restore cache keeps at most (least recently used chunks are evicted beyond it)."""
 
@@ -76,6 +78,15 @@ class StatefulSettings:
     restore_cache_max_bytes: int = RESTORE_CACHE_MAX_BYTES
     expected_checkpoint_interval: float = EXPECTED_CHECKPOINT_INTERVAL.total_seconds()
     """Seconds without a commit after which a live writer counts as stuck (a task may declare its own)."""
+    release_after_success: float | None = None
+    """Seconds after a task succeeded that GC releases its per-run state; ``None`` (unset): it ages out by
+    ``idle_for`` as any state does."""
+    keep_failed_for: float | None = KEEP_FAILED_FOR.total_seconds()
+    """Seconds GC keeps the per-run state of a task that failed for good at least; ``None`` (set to ``0``): no
+    minimum beyond ``idle_for``."""
+    airflow_conn_id: str = ""
+    """An Airflow connection to Airflow's own REST API, through which GC asks whether a run is finished before
+    deleting its state (the maintenance task cannot read the metadata database); ``""``: not asked."""
 
     @classmethod
     def from_options(
@@ -105,6 +116,16 @@ class StatefulSettings:
             if value < minimum:
                 raise ConfigurationError(f"{source(option)} must be at least {minimum:g} s, not {raw!r}")
             return value
+
+        def optional_seconds(option: str, default: float | None) -> float | None:
+            """Unset: ``default``; ``0`` (or ``never``, ``off``): ``None``."""
+            raw = text(option)
+            if raw is None:
+                return default
+            if raw.lower() in ("never", "off", "none"):
+                return None
+            value = seconds(option, 0, minimum=0)
+            return value or None
 
         def integer(option: str, default: int, *, minimum: int, maximum: int) -> int:
             raw = text(option)
@@ -138,6 +159,9 @@ class StatefulSettings:
             expected_checkpoint_interval=seconds(
                 "expected_checkpoint_interval", EXPECTED_CHECKPOINT_INTERVAL.total_seconds(), minimum=1
             ),
+            release_after_success=optional_seconds("release_after_success", None),
+            keep_failed_for=optional_seconds("keep_failed_for", KEEP_FAILED_FOR.total_seconds()),
+            airflow_conn_id=text("airflow_conn_id") or "",
         )
 
 

@@ -80,6 +80,10 @@ class IncompatibleStateError(StatefulError):
     """A checkpoint's schema_version cannot be brought to the task's (newer than the code, or no migration)."""
 
 
+class CodeChangedError(IncompatibleStateError):
+    """The checkpoint to resume was written by other code and the task said ``on_code_change="fail"``."""
+
+
 class MigrationError(StatefulError):
     """A migration function failed or returned nothing."""
 

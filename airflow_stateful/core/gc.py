@@ -9,7 +9,11 @@ What is due, per identity (one listing of the store grouped by identity, plus on
 policies of :mod:`airflow_stateful.core.retention`:
 
 ``idle``
-    the head was last updated longer than ``idle_for`` ago: every object of the identity goes, head first.
+    the identity's lifetime ended by age (:mod:`airflow_stateful.core.lifetimes`: not updated for longer than
+    ``idle_for``, and neither able to run again nor failed within ``keep_failed_for``): every object of the
+    identity goes, head first.
+``released``
+    per-run state of a task that succeeded longer than ``release_after_success`` ago: the same.
 ``retention``
     more than ``keep_last`` checkpoints are kept: the oldest are dropped from the head by compare-and-swap,
     then their manifests and the data no kept checkpoint refers to.
@@ -43,7 +47,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow_stateful.core import config
+from airflow_stateful.core import config, lifetimes
+from airflow_stateful.core.airflow_runs import RunStates
 from airflow_stateful.core.catalog import HEAD_READERS, ordered_map
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.errors import (
@@ -56,6 +61,7 @@ from airflow_stateful.core.errors import (
 )
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import Lease, check_holder
+from airflow_stateful.core.lifetimes import Lifetimes, Verdict, is_per_run, judge
 from airflow_stateful.core.records import DATA_DIR, HEAD_NAME, MANIFEST_DIR, HeadRecord, WriterInfo
 from airflow_stateful.core.retention import (
     CrashGarbage,
@@ -72,6 +78,9 @@ from airflow_stateful.core.trees import CHUNK_DIR, TREE_DIR
 log = logging.getLogger("airflow_stateful")
 
 IDLE, RETENTION, GARBAGE, ORPHAN, EXPIRED = "idle", "retention", "crash-garbage", "orphan", "expired-state"
+RELEASED = lifetimes.RELEASED
+WHOLE = (IDLE, RELEASED)
+"""Reasons that delete a whole identity, head first."""
 EXPIRED_STATE = "~state-store"
 """The pseudo-identity under which expired task/asset state documents are reported."""
 DEFAULT_MIN_AGE = config.GC_MIN_AGE
@@ -99,6 +108,8 @@ class IdentityPlan:
     break_token: str | None = None
     """For ``crash-garbage``: the dead lease to break before its holder's objects are deleted."""
     objects: dict[str, ObjectInfo] = field(default_factory=dict, repr=False)
+    lifetime: Verdict | None = None
+    """The lifetime verdict on the whole identity (why it is kept or deleted); ``None`` for an orphan."""
 
     @property
     def keys(self) -> list[str]:
@@ -116,6 +127,15 @@ class IdentityPlan:
         verb = "would delete" if dry_run else "deleted"
         return f"{verb} ({self.skipped})" if self.skipped else verb
 
+    @property
+    def why(self) -> str:
+        """One line for people: why the identity is deleted or kept as a whole."""
+        if ORPHAN in self.reasons:
+            return "orphan: objects without a head (a purge that stopped half-way)"
+        if self.identity == EXPIRED_STATE:
+            return "expired task/asset state documents"
+        return self.lifetime.reason if self.lifetime is not None else ""
+
     def to_json(self) -> dict[str, Any]:
         return {
             "identity": self.identity,
@@ -123,6 +143,7 @@ class IdentityPlan:
             "objects": len(self.keys),
             "bytes": self.bytes,
             "skipped": self.skipped,
+            "lifetime": self.why,
         }
 
 
@@ -134,16 +155,28 @@ class GcPlan:
     now: float
     grace: float = config.LEASE_GRACE
     identities: list[IdentityPlan] = field(default_factory=list)
+    """Identities the pass changes (or leaves alone for a stated reason: ``skipped``)."""
+    kept: list[IdentityPlan] = field(default_factory=list)
+    """Every other identity, each with the lifetime verdict that keeps it (``gc --dry-run`` shows why)."""
+    airflow: str | None = None
+    """Where Airflow was asked whether runs are finished, or why it was not (for the report)."""
 
     @property
     def keys(self) -> list[str]:
         return sorted(k for p in self.identities for k in p.keys)
 
+    @property
+    def everything(self) -> list[IdentityPlan]:
+        """Acted-on and kept identities, in key order."""
+        return sorted([*self.identities, *self.kept], key=lambda p: p.identity)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "store": self.store.url,
             "now": self.now,
+            "airflow": self.airflow,
             "identities": [p.to_json() for p in self.identities],
+            "kept": [{"identity": p.identity, "lifetime": p.why} for p in self.kept],
         }
 
 
@@ -203,12 +236,14 @@ def _plan_identity(
     infos: list[ObjectInfo],
     *,
     now: float,
-    idle: IdleFor | None,
+    lives: Lifetimes | None,
     keep_last: KeepLast | None,
     garbage: CrashGarbage,
+    airflow: RunStates | None = None,
 ) -> IdentityPlan:
     item = IdentityPlan(identity=key, objects={i.key: i for i in infos})
-    cs = CheckpointStore(store=store, identity=Identity.parse(key))
+    identity = Identity.parse(key)
+    cs = CheckpointStore(store=store, identity=identity)
     head = cs.head() if cs.heads.key in item.objects else None
     item.head = head
     cutoff = datetime.now(tz=timezone.utc) - garbage.min_age
@@ -220,17 +255,22 @@ def _plan_identity(
         return item
     held = head.lease is not None and not head.lease.dead(now, grace=garbage.grace)
     notes: list[str] = []
+    if lives is not None:
+        item.lifetime = lifetime_of(
+            head, identity, now=now, lives=lives, grace=garbage.grace, airflow=airflow
+        )
     if held:
         # The writer is alive (or may be): its head is its own. Only garbage from before its lease goes.
+        idle = IdleFor(lives.idle_for) if lives is not None and lives.idle_for is not None else None
         if idle is not None and idle.due(head, now):
             notes.append("idle, but a held lease is never broken")
-        elif keep_last is not None and len(head.checkpoints) > keep_last.n:
+        elif keep_last is not None and keep_last.due(head.checkpoints):
             notes.append("retention is left to its writer")
-    elif idle is not None and idle.due(head, now):
-        item.reasons[IDLE] = [i.key for i in infos]
+    elif item.lifetime is not None and item.lifetime.delete:
+        item.reasons[item.lifetime.action] = [i.key for i in infos]
         return item
     refs = _references(cs, head, notes)
-    if not held and keep_last is not None and len(head.checkpoints) > keep_last.n:
+    if not held and keep_last is not None and keep_last.due(head.checkpoints):
         keep, _drop = keep_last.split(list(head.checkpoints))
         kept_head = head.evolve(checkpoints=tuple(keep))
         freed = unreferenced(key, infos, kept_head, refs=_references(cs, kept_head, notes))
@@ -254,6 +294,35 @@ def _plan_identity(
     return item
 
 
+def lifetime_of(
+    head: HeadRecord,
+    identity: Identity,
+    *,
+    now: float,
+    lives: Lifetimes,
+    grace: float = config.LEASE_GRACE,
+    airflow: RunStates | None = None,
+) -> Verdict:
+    """The lifetime verdict on ``identity``, confirmed with Airflow where it can be asked.
+
+    Airflow is asked only where its word can change the verdict: before deleting per-run state, and about per-run
+    state kept because the task can still run (Airflow may say the task instance finished since: marked failed,
+    or a retry policy that failed it early). Every answer is an :class:`~airflow_stateful.core.lifetimes.AirflowAnswer`;
+    one that says nothing certain keeps the state.
+    """
+    verdict = judge(head, identity, now=now, lifetimes=lives, grace=grace)
+    parts = identity.task_parts
+    if airflow is None or not verdict.ask or parts is None or not is_per_run(identity):
+        return verdict
+    answer = airflow.ask(
+        dag_id=str(parts["dag_id"]),
+        run_id=str(parts["scope"]),
+        task_id=str(parts["task_id"]),
+        map_index=int(parts["map_index"]),
+    )
+    return judge(head, identity, now=now, lifetimes=lives, grace=grace, airflow=answer)
+
+
 def _references(cs: CheckpointStore, head: HeadRecord, notes: list[str]) -> References:
     """What ``head``'s kept checkpoints need, their trees read; if a tree cannot be read, chunks are left alone."""
     try:
@@ -268,6 +337,9 @@ def plan_gc(
     *,
     now: float | None = None,
     idle_for: timedelta | None = None,
+    release_after_success: timedelta | None = None,
+    keep_failed_for: timedelta | None = config.KEEP_FAILED_FOR,
+    airflow: RunStates | None = None,
     keep_last: int | None = None,
     min_age: timedelta = DEFAULT_MIN_AGE,
     grace: float = config.LEASE_GRACE,
@@ -279,7 +351,12 @@ def plan_gc(
     """Read the store and decide what a GC pass deletes, changing nothing.
 
     :param now: seconds since the epoch for head times and state expiry (default: the wall clock).
-    :param idle_for: delete identities whose head was not updated for this long (default: never).
+    :param idle_for: delete identities whose head was not updated for this long (default: never), unless their
+        task can still run or failed within ``keep_failed_for`` (:mod:`airflow_stateful.core.lifetimes`).
+    :param release_after_success: delete per-run state this long after its task succeeded (default: by age).
+    :param keep_failed_for: keep per-run state of a task that failed for good at least this long.
+    :param airflow: where to ask whether a run is finished before deleting its state (default: not asked;
+        the heads' recorded outcomes decide alone).
     :param keep_last: keep at most this many checkpoints per identity (default: leave history alone).
     :param min_age: unreferenced objects younger than this are left alone.
     :param grace: seconds past its expiry before a lease counts as dead (``[stateful] lease_grace``).
@@ -290,7 +367,9 @@ def plan_gc(
     """
     now = time.time() if now is None else now
     retention = KeepLast(keep_last) if keep_last is not None else None
-    idle = IdleFor(idle_for) if idle_for is not None else None
+    lives = Lifetimes(
+        idle_for=idle_for, release_after_success=release_after_success, keep_failed_for=keep_failed_for
+    )
     garbage = CrashGarbage(min_age=min_age, grace=grace)
     plan = GcPlan(store=store, now=now, grace=grace)
     if groups is None:
@@ -299,7 +378,14 @@ def plan_gc(
 
     def plan_identity(key: str) -> IdentityPlan:
         return _plan_identity(
-            store, key, listed[key], now=now, idle=idle, keep_last=retention, garbage=garbage
+            store,
+            key,
+            listed[key],
+            now=now,
+            lives=lives,
+            keep_last=retention,
+            garbage=garbage,
+            airflow=airflow,
         )
 
     # The identities' heads (and what their planning reads with them) are read HEAD_READERS at a time; the
@@ -308,6 +394,8 @@ def plan_gc(
         item.bytes = sum(item.objects[k].size for k in item.keys if k in item.objects)
         if item.reasons or item.skipped:
             plan.identities.append(item)
+        else:
+            plan.kept.append(item)
         if progress:
             progress(1)
     if expired_state and not prefix:
@@ -356,7 +444,7 @@ def _apply_identity(store: ObjectStore, item: IdentityPlan, *, grace: float) -> 
             raise _Changed("it got a head since the plan; run GC again")
         store.delete_many(item.reasons[ORPHAN])  # new objects (a new writer's) are not in the plan
         return list(item.reasons[ORPHAN])
-    if IDLE in item.reasons:
+    if any(reason in item.reasons for reason in WHOLE):
         return _delete_identity(cs, item, grace=grace)
     deleted: list[str] = []
     if RETENTION in item.reasons:
@@ -425,17 +513,22 @@ def _delete_identity(cs: CheckpointStore, item: IdentityPlan, *, grace: float) -
     except StatefulError as exc:
         raise _Changed(str(exc)) from exc
     assert item.head is not None and etag is not None
-    if (head.next_seq, head.checkpoints) != (item.head.next_seq, item.head.checkpoints):
+    if (head.next_seq, head.checkpoints, head.outcome) != (
+        item.head.next_seq,
+        item.head.checkpoints,
+        item.head.outcome,
+    ):
         cs.release(lease)
-        raise _Changed("its head changed since the plan; run GC again")
+        raise _Changed("its head changed since the plan (a new try?); run GC again")
     try:
         cs.store.delete(cs.heads.key, if_match=etag)
     except PreconditionFailedError as exc:
         raise _Changed("its head changed while it was being deleted") from exc
-    rest = [k for k in item.reasons[IDLE] if k != cs.heads.key]
+    reason = next(r for r in WHOLE if r in item.reasons)
+    rest = [k for k in item.reasons[reason] if k != cs.heads.key]
     cs.store.delete_many(rest)
-    log.info("gc: deleted idle identity %s (%d objects)", cs.identity, len(rest) + 1)
-    return list(item.reasons[IDLE])
+    log.info("gc: deleted %s identity %s (%d objects): %s", reason, cs.identity, len(rest) + 1, item.why)
+    return list(item.reasons[reason])
 
 
 def _delete_expired(store: ObjectStore, keys: list[str], now: float) -> list[str]:
@@ -473,7 +566,7 @@ def collect_garbage(
         identity.key,
         [i for i in infos if i.key.startswith(f"{identity.key}/~")],
         now=checkpoints.clock(),
-        idle=None,
+        lives=None,
         keep_last=None,
         garbage=CrashGarbage(min_age=min_age, grace=grace),
     )

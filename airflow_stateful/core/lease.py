@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from airflow_stateful.core.errors import FencedError, LeaseHeldError
 from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.outcomes import TryOutcome
 from airflow_stateful.core.records import HeadRecord, LeaseRecord, WriterInfo, utcnow_iso
 
 
@@ -111,12 +112,14 @@ def acquire_decision(
     token: str,
     grace: float = 0.0,
     expected_interval: float | None = None,
+    outcome: TryOutcome | None = None,
 ) -> HeadRecord:
     """The head after ``holder`` takes the lease, or LeaseHeldError if a live lease stands and ``steal`` is off.
 
     ``token`` is chosen once per acquire, so a retried attempt recognises its own lease in the head.
     ``grace``: how long past its expiry a lease still counts as held (maintenance passes the lease grace).
     ``expected_interval``: how often the holder means to commit, recorded for stuck-work detection.
+    ``outcome``: the try's ``running`` outcome, recorded with the lease (else the head's outcome stays).
     """
     if head is not None and head.lease is not None and head.lease.token == token:
         return head
@@ -132,7 +135,7 @@ def acquire_decision(
     record = new_lease_record(
         epoch=epoch, holder=holder, now=now, ttl=ttl, token=token, expected_interval=expected_interval
     )
-    return base.evolve(epoch=epoch, lease=record)
+    return base.evolve(epoch=epoch, lease=record, outcome=outcome or base.outcome)
 
 
 def break_decision(

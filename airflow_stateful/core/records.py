@@ -16,22 +16,33 @@ import os
 import re
 import socket
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from typing import Any
 
+from airflow_stateful.core.code_identity import CodeIdentity
 from airflow_stateful.core.errors import CheckpointCorruptError, FormatVersionError
 from airflow_stateful.core.fields import Fields
 from airflow_stateful.core.integrity import SIGNATURE_FIELD, HeadSigner
+from airflow_stateful.core.outcomes import TryOutcome
 from airflow_stateful.core.outputs import OutputRecord, outputs_from_json
+from airflow_stateful.core.timestamps import parse_iso
+from airflow_stateful.core.timestamps import utcnow_iso as utcnow_iso  # re-exported: records' one time format
 from airflow_stateful.core.trees import TreeRef
 
-FORMAT_VERSION = 3
-"""The newest format this library reads and writes. 2: content-addressed trees and chunks, inline manifests.
-3: published outputs (an outputs tree every kept checkpoint references). A head or manifest is written as 3 only
-when it carries outputs, so a writer that never publishes stays readable by the releases that read 2; a release
-that reads only 2 refuses a head with outputs instead of collecting the objects it cannot see are referenced."""
+FORMAT_VERSION = 4
+"""The newest format this library reads and writes (docs/formats.md). 2: content-addressed trees and chunks,
+inline manifests. 3: published outputs (an outputs tree every kept checkpoint references). 4: pinned checkpoints
+(a head that lists a checkpoint retention must never evict). A record is written in the lowest format that can
+hold it, so a writer that never publishes or pins stays readable by the releases that read 2; a release that
+reads less refuses a newer record instead of collecting objects it cannot see are referenced, or dropping a pin
+when it rewrites the head."""
 PLAIN_FORMAT = 2
-"""The format of a head or manifest without outputs."""
+"""The format of a head or manifest without outputs or pins."""
+OUTPUTS_FORMAT = 3
+"""The format of a head or manifest that carries outputs (and of a head with outputs but no pins)."""
+PINS_FORMAT = 4
+"""The format of a head that lists a pinned checkpoint."""
+MAX_PINS = 10
+"""Most pinned checkpoints one head keeps; pinning another releases the oldest pin (with a warning)."""
 
 MAX_HEAD_BYTES = 2 * 1024 * 1024
 """A head record larger than this is refused unread (a thousand kept checkpoints take about 1.2 MiB)."""
@@ -57,15 +68,6 @@ DATA_DIR = "~data"
 def data_commit_of(key: str) -> str:
     """The commit id in a data object key ``<identity>/~data/<commit_id>/<n>``."""
     return key.split(f"/{DATA_DIR}/", 1)[1].split("/", 1)[0]
-
-
-def utcnow_iso(ts: float) -> str:
-    """An epoch timestamp as an ISO 8601 UTC string with microseconds."""
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="microseconds")
-
-
-def parse_iso(value: str) -> float:
-    return datetime.fromisoformat(value).timestamp()
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -216,6 +218,35 @@ class LeaseRecord:
 
 
 @dataclass(frozen=True)
+class PinRecord:
+    """Why a kept checkpoint is pinned: retention never evicts it while the pin stands.
+
+    A pin is set when code that cannot read a checkpoint (an older ``schema_version``: a deploy rolled back)
+    starts fresh with ``on_incompatible="restart"``: the newer code's progress must survive until that code comes
+    back, however many checkpoints the older code commits meanwhile. The code that wrote the pinned checkpoint
+    resumes from it when it runs again (:mod:`airflow_stateful.core.pins`), and the pin is released then.
+    """
+
+    at: str
+    reason: str
+    #: who set it aside: the writer (try, run) and its schema version, for people.
+    by: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        body = {"at": self.at, "reason": self.reason}
+        if self.by:
+            body["by"] = self.by
+        return body
+
+    @classmethod
+    def from_json(cls, data: Any, *, what: str = "pin") -> PinRecord:
+        f = Fields(data, what=what)
+        return cls(
+            at=f.time("at"), reason=f.text("reason", max_len=500), by=f.text("by", max_len=500, default="")
+        )
+
+
+@dataclass(frozen=True)
 class CheckpointEntry:
     """One committed checkpoint as listed in the head record: enough to find and verify its manifest.
 
@@ -241,6 +272,8 @@ class CheckpointEntry:
     tree: TreeRef | None = None
     inline: dict[str, Any] | None = None
     outputs_tree: TreeRef | None = None
+    #: Set while retention must keep this checkpoint (format 4; see :class:`PinRecord`).
+    pinned: PinRecord | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -263,6 +296,8 @@ class CheckpointEntry:
             body["tree"] = self.tree.to_json()
         if self.outputs_tree is not None:
             body["outputs_tree"] = self.outputs_tree.to_json()
+        if self.pinned is not None:
+            body["pinned"] = self.pinned.to_json()
         return body
 
     @classmethod
@@ -285,6 +320,7 @@ class CheckpointEntry:
             if outputs_body
             else None
         )
+        pinned = f.optional_mapping("pinned")
         inline = f.optional_mapping("inline")
         if inline is not None:
             if f.has("manifest"):
@@ -316,6 +352,7 @@ class CheckpointEntry:
             tree=tree,
             inline=inline,
             outputs_tree=outputs_tree,
+            pinned=PinRecord.from_json(pinned, what=f"{what} pin") if pinned is not None else None,
         )
 
 
@@ -330,11 +367,21 @@ class HeadRecord:
     checkpoints: tuple[CheckpointEntry, ...] = ()
     updated_at: str = ""
     format: int = PLAIN_FORMAT
+    #: How the newest try of the task ended (or that it is running): what lifetimes are judged by.
+    outcome: TryOutcome | None = None
 
     @property
     def written_format(self) -> int:
-        """The format this head must be written in: 3 while a kept checkpoint has outputs, else 2."""
-        return FORMAT_VERSION if any(e.outputs_tree for e in self.checkpoints) else PLAIN_FORMAT
+        """The format this head must be written in: 4 while a kept checkpoint is pinned, else 3 while one has
+        outputs, else 2."""
+        if any(e.pinned for e in self.checkpoints):
+            return PINS_FORMAT
+        return OUTPUTS_FORMAT if any(e.outputs_tree for e in self.checkpoints) else PLAIN_FORMAT
+
+    @property
+    def pinned(self) -> tuple[CheckpointEntry, ...]:
+        """The kept checkpoints retention may not evict, oldest first."""
+        return tuple(e for e in self.checkpoints if e.pinned is not None)
 
     @property
     def latest(self) -> CheckpointEntry | None:
@@ -354,6 +401,8 @@ class HeadRecord:
             "checkpoints": [c.to_json() for c in self.checkpoints],
             "updated_at": self.updated_at,
         }
+        if self.outcome is not None:
+            body["outcome"] = self.outcome.to_json()
         if signer is not None:
             body[SIGNATURE_FIELD] = signer.sign(canonical_json(body))
         # A self-checksum (over the signature too): a bit flip in the one mutable object must not go unnoticed.
@@ -395,7 +444,8 @@ class HeadRecord:
         f = Fields(body, what=what)
         f.equal("identity", identity)
         lease = f.optional_mapping("lease")
-        entries = f.items("checkpoints", max_items=MAX_KEPT, default=[])
+        outcome = f.optional_mapping("outcome")
+        entries = f.items("checkpoints", max_items=MAX_KEPT + MAX_PINS, default=[])
         head = cls(
             identity=identity,
             epoch=f.integer("epoch"),
@@ -407,6 +457,7 @@ class HeadRecord:
             ),
             updated_at=f.time("updated_at", default=""),
             format=f.integer("format", minimum=1),
+            outcome=TryOutcome.from_json(outcome, what=f"{what} outcome") if outcome is not None else None,
         )
         if head.lease is not None and head.lease.epoch != head.epoch:
             raise CheckpointCorruptError(
@@ -476,6 +527,8 @@ class Manifest:
     #: Outputs committed so far (:mod:`airflow_stateful.core.outputs`), by name; their files are in ``outputs_tree``.
     outputs: dict[str, OutputRecord] = field(default_factory=dict)
     outputs_tree: TreeRef | None = None
+    #: What code wrote it (:mod:`airflow_stateful.core.code_identity`); ``None`` when it was not recorded.
+    code: CodeIdentity | None = None
 
     @property
     def total_size(self) -> int:
@@ -511,6 +564,8 @@ class Manifest:
         if self.outputs_tree is not None:
             body["outputs_tree"] = self.outputs_tree.to_json()
             body["outputs"] = {name: record.to_json() for name, record in sorted(self.outputs.items())}
+        if self.code is not None:
+            body["code"] = self.code.to_json()
         return body
 
     def to_bytes(self) -> bytes:
@@ -537,6 +592,7 @@ class Manifest:
         files = f.items("files", max_items=MAX_FILES, default=[])
         tree = f.optional_mapping("tree")
         outputs_tree = f.optional_mapping("outputs_tree")
+        code = f.optional_mapping("code")
         outputs = outputs_from_json(f.mapping("outputs", default={}), what=what)
         if bool(outputs) != (outputs_tree is not None):
             raise CheckpointCorruptError(
@@ -566,4 +622,5 @@ class Manifest:
             outputs_tree=TreeRef.from_json(outputs_tree, identity=identity, what=f"{what} outputs tree")
             if outputs_tree is not None
             else None,
+            code=CodeIdentity.from_json(code, what=f"{what} code") if code is not None else None,
         )

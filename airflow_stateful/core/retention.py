@@ -42,7 +42,11 @@ class RetentionPolicy(Protocol):
 
 @dataclass(frozen=True)
 class KeepLast:
-    """Keep the newest ``n`` checkpoints (``n >= 1``)."""
+    """Keep the newest ``n`` checkpoints (``n >= 1``), and every pinned one besides (they do not count in ``n``).
+
+    A pinned checkpoint (:class:`~airflow_stateful.core.records.PinRecord`) is the newer code's state that older
+    code set aside during a deploy rollback: evicting it would lose what the rollforward resumes from.
+    """
 
     n: int
 
@@ -53,8 +57,16 @@ class KeepLast:
     def split(
         self, entries: Sequence[CheckpointEntry]
     ) -> tuple[list[CheckpointEntry], list[CheckpointEntry]]:
-        cut = max(len(entries) - self.n, 0)
-        return list(entries[cut:]), list(entries[:cut])
+        unpinned = [e for e in entries if e.pinned is None]
+        cut = max(len(unpinned) - self.n, 0)
+        dropped = {e.commit_id for e in unpinned[:cut]}
+        return [e for e in entries if e.commit_id not in dropped], [
+            e for e in entries if e.commit_id in dropped
+        ]
+
+    def due(self, entries: Sequence[CheckpointEntry]) -> bool:
+        """Whether :meth:`split` would drop anything."""
+        return sum(1 for e in entries if e.pinned is None) > self.n
 
 
 @dataclass(frozen=True)

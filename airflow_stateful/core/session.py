@@ -34,17 +34,28 @@ from typing import Any
 
 from airflow_stateful.core import config, events
 from airflow_stateful.core.checkpoint_store import CheckpointStore
+from airflow_stateful.core.code_identity import ON_CODE_CHANGE, CodeIdentity
 from airflow_stateful.core.codecs import JSON, check_codec, decode_value
 from airflow_stateful.core.errors import (
+    CodeChangedError,
     CommitOutcomeUnknownError,
     FencedError,
     IncompatibleStateError,
     InvalidValueError,
+    MigrationError,
 )
 from airflow_stateful.core.lease import Lease, check_holder
 from airflow_stateful.core.migrations import migrate, migration_path, validate_schema
+from airflow_stateful.core.outcomes import FAILED, RUNNING, UP_FOR_RETRY, TryOutcome
 from airflow_stateful.core.outputs import StagedOutput
-from airflow_stateful.core.records import MAX_EXPECTED_INTERVAL, Manifest, WriterInfo
+from airflow_stateful.core.pins import pin_to_resume
+from airflow_stateful.core.records import (
+    MAX_EXPECTED_INTERVAL,
+    CheckpointEntry,
+    HeadRecord,
+    Manifest,
+    WriterInfo,
+)
 from airflow_stateful.core.trees import ChunkRef
 
 log = logging.getLogger("airflow_stateful")
@@ -62,6 +73,8 @@ def describe_checkpoint(manifest: Manifest) -> str:
     parts.append(f"schema {manifest.schema_version}")
     if writer.dag_version_id:
         parts.append(f"dag version {writer.dag_version_id}")
+    if manifest.code is not None and manifest.code.fingerprint:
+        parts.append(f"code {manifest.code.fingerprint}")
     return f"checkpoint {manifest.seq} (written by {', '.join(parts)})"
 
 
@@ -72,8 +85,10 @@ class WriterSession:
     :param writer: who writes (recorded in the lease and in every checkpoint).
     :param schema_version: the version of the value this code writes (an integer >= 1).
     :param migrations: ``{v: fn}`` turning a version ``v`` value into a version ``v + 1`` one.
-    :param on_incompatible: ``"fail"`` (default) or ``"restart"`` (start empty; the old checkpoint stays in
-        history) when the newest checkpoint cannot be brought to ``schema_version``.
+    :param on_incompatible: ``"fail"`` (default) or ``"restart"`` when the newest checkpoint cannot be brought
+        to ``schema_version``: start empty, and *pin* that checkpoint, so retention keeps it however many
+        checkpoints this code commits; the code that wrote it resumes from it when it runs again (a deploy
+        rolled back, then forward: :mod:`airflow_stateful.core.pins`).
     :param value_codec: ``"json"`` or ``"pickle"`` (opt-in by name, for writing and reading).
     :param steal: take the lease even from a live holder (an Airflow retry: the earlier try is over).
     :param lease: adopt this lease instead of taking one (a pod adopts the lease its operator took, an
@@ -87,6 +102,14 @@ class WriterSession:
         lease (so ``airflow-stateful stuck``, the UI and the sensor can tell a stuck writer from a dead one), and
         checked by the heartbeat, which logs a warning and reports ``stateful.stuck`` once it is exceeded.
         Default: ``[stateful] expected_checkpoint_interval`` as readers apply it (not recorded).
+    :param outcome: the try's ``running`` outcome (:mod:`airflow_stateful.core.outcomes`), recorded with the lease;
+        :meth:`end` records how it ended when the session releases the lease.
+    :param code: what code this writer runs (:mod:`airflow_stateful.core.code_identity`), recorded in every
+        checkpoint it commits and compared with the checkpoint it resumes.
+    :param on_code_change: when the checkpoint it resumes (same ``schema_version``) was written by other code
+        (another fingerprint): ``"resume"`` (default: resume, one INFO line saying from what to what),
+        ``"warn"`` (the same line as a WARNING), ``"restart"`` (start empty; the checkpoint stays in history) or
+        ``"fail"`` (:class:`~airflow_stateful.core.errors.CodeChangedError`, the checkpoint untouched).
     """
 
     def __init__(
@@ -104,8 +127,15 @@ class WriterSession:
         renew_every: float | None = None,
         release_on_close: bool | None = None,
         expected_checkpoint_interval: float | None = None,
+        outcome: TryOutcome | None = None,
+        code: CodeIdentity | None = None,
+        on_code_change: str = "resume",
     ) -> None:
         self.migrations = validate_schema(schema_version, migrations)
+        if on_code_change not in ON_CODE_CHANGE:
+            raise InvalidValueError(
+                f"on_code_change must be one of {', '.join(map(repr, ON_CODE_CHANGE))}, not {on_code_change!r}"
+            )
         if on_incompatible not in ON_INCOMPATIBLE:
             raise InvalidValueError(
                 f"on_incompatible must be one of {', '.join(map(repr, ON_INCOMPATIBLE))}, not {on_incompatible!r}"
@@ -134,6 +164,10 @@ class WriterSession:
         self.checkpoints = checkpoints
         self.identity = checkpoints.identity
         self.writer = writer
+        self.code = code
+        self.on_code_change = on_code_change
+        self._started_as = outcome
+        self._ended_as: TryOutcome | None = None
         self.schema_version = schema_version
         self.on_incompatible = on_incompatible
         self.value_codec = value_codec
@@ -154,8 +188,10 @@ class WriterSession:
         self._thread: threading.Thread | None = None
         #: The checkpoint this session started from (verified, before migration), or ``None``.
         self.start: Manifest | None = None
-        #: The incompatible checkpoint skipped by ``on_incompatible="restart"``, or ``None``.
+        #: The checkpoint skipped by ``on_incompatible="restart"`` (pinned) or ``on_code_change="restart"``.
         self.restarted_from: Manifest | None = None
+        #: The pinned checkpoint this session resumed from (a rollforward after a rollback), or ``None``.
+        self.resumed_pin: Manifest | None = None
         self._latest: Manifest | None = None
         self._value: Any = None
         self._in_doubt: tuple[Manifest, Any] | None = None  # a commit whose outcome was unknown
@@ -219,17 +255,50 @@ class WriterSession:
             self._lease = self.checkpoints.renew(self._adopted)
         else:
             self._lease = self.checkpoints.acquire(
-                holder=self.writer, steal=self.steal, expected_interval=self.expected_interval
+                holder=self.writer,
+                steal=self.steal,
+                expected_interval=self.expected_interval,
+                outcome=self._started_as,
             )
         self._progress_at = sent
         self._deadline = sent + self.checkpoints.lease_ttl
         try:
             self._start_heartbeat()
             self._load()
-        except BaseException:
+        except BaseException as exc:
+            self._end_on_open_error(exc)
             self.close()
             raise
         return self
+
+    def _end_on_open_error(self, exc: BaseException) -> None:
+        """The try fails before its code ran: record it. A checkpoint this code can never read (schema, migration,
+        codec, code change) fails it for good (the operator fails the task without a retry: another try of the
+        same code would fail the same way); anything else is retried if the try could be."""
+        start = self._started_as
+        if start is None or self._ended_as is not None:
+            return
+        permanent = isinstance(exc, (IncompatibleStateError, MigrationError, InvalidValueError))
+        retry = not permanent and start.if_killed == UP_FOR_RETRY
+        self.end(
+            UP_FOR_RETRY if retry else FAILED,
+            retry_in=start.retry_delay if retry else None,
+            reason=type(exc).__name__,
+        )
+
+    def end(self, state: str, *, retry_in: float | None = None, reason: str | None = None) -> None:
+        """Say how this try ended (an Airflow task instance state, :mod:`airflow_stateful.core.outcomes`);
+        :meth:`close` records it in the head with the release of the lease, so maintenance knows whether
+        Airflow will run the task again. ``retry_in``: seconds until a retry or reschedule may run."""
+        start = self._started_as or TryOutcome(
+            state=RUNNING,
+            at="",
+            try_number=self.writer.try_number,
+            run_id=self.writer.run_id,
+        )
+        self._ended_as = start.ended(
+            state=state, now=self.checkpoints.clock(), retry_in=retry_in, reason=reason
+        )
 
     def close(self, *, release: bool | None = None) -> None:
         """Stop renewing and release the lease (unless told not to; a lost one is left alone). Never raises.
@@ -252,15 +321,21 @@ class WriterSession:
         if self._lost is not None:
             return  # fenced or expired: someone else's lease now, or nobody's
         try:
-            self.checkpoints.release(lease)
+            self.checkpoints.release(lease, outcome=self._ended_as)
         except Exception as exc:  # never mask the writer's own outcome; the lease expires by itself
             log.warning("could not release the lease on %s: %s (it expires by itself)", self.identity, exc)
 
     def _load(self) -> None:
         # The head just read or written to take the lease: an inline manifest costs no further request.
-        latest = self.checkpoints.latest(head=self.checkpoints.heads.cached())
+        head = self.checkpoints.heads.cached()
+        latest = self.checkpoints.latest(head=head)
         if latest is None:
             log.info("no checkpoint for %s yet: starting fresh", self.identity)
+            return
+        assert head is not None
+        pinned = pin_to_resume(head, schema_version=self.schema_version)
+        if pinned is not None:
+            self._resume_pinned(head, pinned, latest)
             return
         value = decode_value(
             latest.value, latest.value_codec, allowed=self.value_codec, where=f"checkpoint {latest.seq}"
@@ -274,11 +349,22 @@ class WriterSession:
                 raise IncompatibleStateError(
                     f"cannot resume from {origin}: {exc} The checkpoint is untouched."
                 ) from exc
+            self.checkpoints.pin(
+                self.lease,
+                latest.seq,
+                reason=f"schema {latest.schema_version} cannot be read by schema-{self.schema_version} code ({exc})",
+                by=f"{self.writer.describe()}, schema {self.schema_version}",
+            )
             log.warning(
-                "%s is incompatible (%s); on_incompatible='restart': starting fresh, it stays in history",
+                "%s is incompatible (%s); on_incompatible='restart': starting fresh. It is pinned: retention keeps "
+                "it, and schema-%d code resumes from it when it runs again.",
                 origin,
                 exc,
+                latest.schema_version,
             )
+            self.restarted_from = latest
+            return
+        if latest.schema_version == self.schema_version and not self._code_allows(latest, origin):
             self.restarted_from = latest
             return
         self.start = self._latest = latest
@@ -301,6 +387,70 @@ class WriterSession:
             self.schema_version,
             info.seq,
         )
+
+    def _code_allows(self, latest: Manifest, origin: str) -> bool:
+        """Apply ``on_code_change`` to a checkpoint of this schema; False: start fresh instead (``restart``).
+
+        One line says what changed from the checkpoint's code to this try's: the task's code (its fingerprint)
+        decides; the DAG version, bundle version and provider version are said beside it.
+        """
+        if self.code is None or latest.code is None:
+            return True
+        changes = latest.code.changes(self.code)
+        if not changes:
+            return True
+        line = f"{origin} was written by other code: {'; '.join(changes)}"
+        if not latest.code.code_changed(self.code):
+            log.info("%s (the task's own code is unchanged)", line)
+            return True
+        if self.on_code_change == "fail":
+            raise CodeChangedError(
+                f"cannot resume: {line}; on_code_change='fail'. The checkpoint is untouched."
+            )
+        if self.on_code_change == "restart":
+            log.warning("%s; on_code_change='restart': starting fresh, it stays in history", line)
+            return False
+        (log.warning if self.on_code_change == "warn" else log.info)("%s; resuming from it", line)
+        return True
+
+    def _resume_pinned(self, head: HeadRecord, entry: CheckpointEntry, latest: Manifest) -> None:
+        """Resume from a pinned checkpoint this code wrote and older code set aside: commit a copy of it as the
+        newest (files by reference, the value as stored), releasing its pin in the same write."""
+        pinned = self.checkpoints.read_manifest(entry)
+        value = decode_value(
+            pinned.value, pinned.value_codec, allowed=self.value_codec, where=f"checkpoint {pinned.seq}"
+        )
+        same_run = pinned.writer.run_id == self.writer.run_id
+        carried = {k: v for k, v in pinned.extra.items() if k != "rolled_back_from"} if same_run else {}
+        copy = self.checkpoints.commit(
+            self.lease,
+            pinned.value,
+            encoded=True,
+            schema_version=pinned.schema_version,
+            writer=self.writer,
+            value_codec=pinned.value_codec,
+            keep_files_from=pinned,
+            previous=pinned,
+            extra={**carried, "resumed_from_pin": pinned.seq},
+            check=self.ensure_alive,
+            code=self.code,
+            unpin=[entry.commit_id],
+        )
+        newer = [e.seq for e in head.checkpoints if e.seq > entry.seq]
+        log.warning(
+            "resuming from pinned %s, which code of schema %d set aside (checkpoint %d is its newest; %s "
+            "stay in history); committed its copy as checkpoint %d and released the pin",
+            describe_checkpoint(pinned),
+            latest.schema_version,
+            latest.seq,
+            f"checkpoints {newer[0]}-{newer[-1]}" if len(newer) > 1 else f"checkpoint {newer[0]}",
+            copy.seq,
+        )
+        events.emit(
+            events.RESUME, identity=self.identity.key, seq=pinned.seq, schema_version=pinned.schema_version
+        )
+        self.start, self.resumed_pin = pinned, pinned
+        self._latest, self._value = copy, value
 
     # -- writing --------------------------------------------------------------------------------------------
     def commit(
@@ -392,6 +542,7 @@ class WriterSession:
             follow_symlinks=follow_symlinks,
             check=self.ensure_alive,
             outputs=staged,
+            code=self.code,
         )
         for name, output in staged.items():  # committed: no longer staged (unless published again meanwhile)
             if self._staged.get(name) is output:

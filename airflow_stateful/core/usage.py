@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from airflow_stateful.core.catalog import HEAD_READERS, ordered_map, read_head
 from airflow_stateful.core.gc import Progress, group_by_identity
 from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import HEAD_NAME, parse_iso
+from airflow_stateful.core.records import HEAD_NAME, HeadRecord, parse_iso
 from airflow_stateful.core.retention import unreferenced
 from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
 
@@ -37,6 +37,8 @@ class Usage:
     checkpoints: int
     idle_seconds: float | None
     error: str | None = None
+    #: The head as read (``None``: an orphan, or unreadable), for what is judged from it (lifetimes, outcome).
+    head: HeadRecord | None = field(default=None, repr=False, compare=False)
 
     def monthly_cost(self, price_per_gb_month: float) -> float:
         return self.bytes / GB * price_per_gb_month
@@ -76,6 +78,7 @@ def disk_usage(
             checkpoints=len(head.checkpoints) if head else 0,
             idle_seconds=max(now - parse_iso(head.updated_at), 0.0) if head and head.updated_at else None,
             error=f"{type(error).__name__}: {error}" if error else None,
+            head=head,
         )
 
     for usage in ordered_map(usage_of, sorted(groups), workers=readers):

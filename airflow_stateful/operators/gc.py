@@ -33,6 +33,7 @@ from airflow_stateful.core.gc import (
 from airflow_stateful.core.item_progress import ItemProgress
 from airflow_stateful.core.retention import IdleFor
 from airflow_stateful.core.usage import DEFAULT_PRICE_PER_GB_MONTH, GB
+from airflow_stateful.hooks.airflow_api import AirflowApiHook
 from airflow_stateful.hooks.state import StateHook
 
 log = logging.getLogger("airflow_stateful")
@@ -74,7 +75,15 @@ class StatefulGCOperator(BaseOperator):
     real run would delete. The XCom holds, per identity, the reasons with their object counts and bytes (not
     every key, to keep XCom small); the task log names every deleted identity.
 
-    :param idle_for: delete identities whose head was not updated for this long (``"30d"``; templated).
+    :param idle_for: delete identities whose head was not updated for this long (``"30d"``; templated), unless
+        their task can still run (a retry pending, rescheduled, deferred) or failed within ``keep_failed_for``.
+    :param release_after_success: delete per-run state this long after its task succeeded (default
+        ``[stateful] release_after_success``; unset: by ``idle_for``).
+    :param keep_failed_for: keep per-run state of a task that failed for good at least this long (default
+        ``[stateful] keep_failed_for``, 30 days; ``"0"``: no minimum).
+    :param airflow_conn_id: a connection to Airflow's REST API (default ``[stateful] airflow_conn_id``): before
+        deleting a run's state, GC asks Airflow whether the task instance is finished, and keeps the state when
+        Airflow says it can still run or cannot be asked. Empty: the heads' recorded outcomes decide alone.
     :param keep_last: keep at most this many checkpoints per identity (default: leave history alone).
     :param min_age: leave unreferenced objects younger than this (in-flight commits; default 1h).
     :param dry_run: only report.
@@ -93,7 +102,13 @@ class StatefulGCOperator(BaseOperator):
     The report holds the same numbers.
     """
 
-    template_fields: Sequence[str] = ("idle_for", "prefix", "backend_url")
+    template_fields: Sequence[str] = (
+        "idle_for",
+        "prefix",
+        "backend_url",
+        "release_after_success",
+        "keep_failed_for",
+    )
 
     def __init__(
         self,
@@ -106,6 +121,9 @@ class StatefulGCOperator(BaseOperator):
         conn_id: str | None = None,
         prefix: str = "",
         price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
+        release_after_success: timedelta | str | None = None,
+        keep_failed_for: timedelta | str | None = None,
+        airflow_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -119,16 +137,36 @@ class StatefulGCOperator(BaseOperator):
         self.conn_id = conn_id
         self.prefix = prefix
         self.price_per_gb_month = float(price_per_gb_month)
+        self.release_after_success = release_after_success
+        self.keep_failed_for = keep_failed_for
+        self.airflow_conn_id = airflow_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
         hook = StateHook(backend_url=self.backend_url, conn_id=self.conn_id)
         store = hook.get_store()
         idle_for = parse_duration(self.idle_for, what="idle_for") if self.idle_for is not None else None
         groups = group_by_identity(store, self.prefix or "")
+        settings = hook.settings
+        release = self._span(
+            self.release_after_success, settings.release_after_success, "release_after_success"
+        )
+        keep_failed = self._span(self.keep_failed_for, settings.keep_failed_for, "keep_failed_for")
+        conn_id = self.airflow_conn_id if self.airflow_conn_id is not None else settings.airflow_conn_id
+        airflow = AirflowApiHook(airflow_conn_id=conn_id).run_states() if conn_id else None
+        if airflow is None:
+            log.info(
+                "gc: Airflow is not asked whether runs are finished (no airflow_conn_id): the outcomes the heads "
+                "record decide"
+            )
+        else:
+            log.info("gc: asking Airflow's REST API at %s whether runs are finished", airflow.base_url)
         progress = ItemProgress(label="gc: planning", total=len(groups), logger=log)
         plan = plan_gc(
             store,
             idle_for=idle_for,
+            release_after_success=release,
+            keep_failed_for=keep_failed,
+            airflow=airflow,
             keep_last=self.keep_last,
             min_age=parse_duration(self.min_age, what="min_age"),
             grace=hook.lease_grace,
@@ -158,9 +196,12 @@ class StatefulGCOperator(BaseOperator):
                     "objects": len(item.keys),
                     "bytes": item.bytes,
                     "action": action,
+                    "lifetime": item.why,
                 }
             )
-            log.info("gc %s: %s %s", item.identity, action, identities[-1]["reasons"])
+            log.info("gc %s: %s %s: %s", item.identity, action, identities[-1]["reasons"], item.why)
+        for item in plan.kept:  # the task log says why each identity is kept (the XCom only counts them)
+            log.info("gc %s: %s", item.identity, item.why)
         done = [i for i in identities if not str(i["action"]).startswith("skipped")]
         return {
             "store": store.url,
@@ -171,7 +212,18 @@ class StatefulGCOperator(BaseOperator):
             "deleted_objects": deleted_objects,
             "deleted_bytes": deleted_bytes,
             "identities": identities,
+            "kept_identities": len(plan.kept),
+            "airflow": airflow.base_url if airflow is not None else None,
         }
+
+    @staticmethod
+    def _span(given: timedelta | str | None, configured: float | None, what: str) -> timedelta | None:
+        if given is None:
+            return timedelta(seconds=configured) if configured else None
+        if isinstance(given, str) and given.strip().lower() in ("never", "off", "none", "0", ""):
+            return None
+        span = parse_duration(given, what=what)
+        return span or None
 
     def _send_plan_metrics(self, plan: GcPlan, idle_for: timedelta | None) -> dict[str, Any]:
         """Send the backlog and idle gauges of ``plan``; the same numbers for the report."""

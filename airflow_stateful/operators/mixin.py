@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_stateful.compat import AirflowFailException, AirflowRescheduleException
+from airflow_stateful.core.code_identity import ON_CODE_CHANGE, fingerprint_callable
 from airflow_stateful.core.codecs import CODECS, JSON
 from airflow_stateful.core.errors import IncompatibleStateError, InvalidValueError, MigrationError
 from airflow_stateful.core.identity import Identity
@@ -22,6 +23,7 @@ from airflow_stateful.core.migrations import validate_schema
 from airflow_stateful.core.records import MAX_KEPT
 from airflow_stateful.core.session import ON_INCOMPATIBLE, WriterSession
 from airflow_stateful.hooks.state import StateHook
+from airflow_stateful.operators.lifecycle import code_identity, ending, starting_outcome
 
 log = logging.getLogger("airflow_stateful")
 
@@ -46,7 +48,13 @@ class StatefulMixin:
     :param schema_version: version of the state this code writes (an integer >= 1 that only grows).
     :param migrations: ``{v: fn}`` where ``fn`` turns a version ``v`` value into a version ``v + 1`` one.
     :param on_incompatible: ``"fail"`` (default) or ``"restart"`` when the checkpoint's schema cannot be
-        brought to ``schema_version`` (newer than the code, or no migration path).
+        brought to ``schema_version`` (newer than the code, or no migration path). ``"restart"`` starts fresh
+        and pins the checkpoint it cannot read, so the code that wrote it resumes from it when it is deployed
+        again (docs/stateful-tasks.md, "Deploy rollbacks").
+    :param on_code_change: when the checkpoint to resume has this ``schema_version`` but was written by other
+        code (another fingerprint of the task's code): ``"resume"`` (default; one INFO line says what changed),
+        ``"warn"`` (the same line as a WARNING), ``"restart"`` (start fresh) or ``"fail"`` (fail the task without
+        a retry, the checkpoint untouched).
     :param identity: a name for state that lives across DAG runs (e.g. ``"nightly-watermark"``); default
         ``None``: state belongs to this DAG run. (templated)
     :param backend_url: ``s3://bucket/prefix`` or ``file:///path``; default ``[stateful] backend_url``. (templated)
@@ -73,6 +81,7 @@ class StatefulMixin:
         value_codec: str = JSON,
         reschedule_delay: timedelta = timedelta(seconds=5),
         expected_checkpoint_interval: timedelta | None = None,
+        on_code_change: str = "resume",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -80,6 +89,8 @@ class StatefulMixin:
         self.migrations = validate_schema(schema_version, migrations)
         self.schema_version = schema_version
         check_choice("on_incompatible", on_incompatible, ON_INCOMPATIBLE)
+        check_choice("on_code_change", on_code_change, ON_CODE_CHANGE)
+        self.on_code_change = on_code_change
         check_choice("value_codec", value_codec, CODECS)
         if identity is not None and "{{" not in str(identity):
             identity_for(dag_id="dag", task_id="task", map_index=-1, run_id="run", name=identity)
@@ -137,11 +148,25 @@ class StatefulMixin:
             value_codec=self.value_codec,
             steal=True,
             expected_checkpoint_interval=self.expected_interval_seconds(hook),
+            outcome=starting_outcome(self, context),
+            code=code_identity(context, self.code_fingerprint()),
+            on_code_change=self.on_code_change,
         )
         try:
             return session.open()
         except (IncompatibleStateError, MigrationError, InvalidValueError) as exc:
             raise AirflowFailException(str(exc)) from exc
+
+    def code_fingerprint(self) -> str | None:
+        """A fingerprint of this task's own code (:func:`~airflow_stateful.core.code_identity.fingerprint_callable`
+        of ``execute_stateful``); operators that run other code (a callable, a pod) override it."""
+        method = getattr(type(self), "execute_stateful", None)
+        return fingerprint_callable(method) if callable(method) else None
+
+    def record_end(self, session: WriterSession, context: Any, exc: BaseException | None) -> None:
+        """Tell the session how this try ends (written with the lease's release): what Airflow does next."""
+        state, retry_in, reason = ending(self, context, exc)
+        session.end(state, retry_in=retry_in, reason=reason)
 
     def expected_interval_seconds(self, hook: StateHook) -> float:
         """The task's ``expected_checkpoint_interval``, or ``[stateful] expected_checkpoint_interval``."""

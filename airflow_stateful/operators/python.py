@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator
 
+from airflow_stateful.core.code_identity import fingerprint_callable
 from airflow_stateful.core.errors import InvalidValueError
 from airflow_stateful.operators.stateful import StatefulOperator
 from airflow_stateful.task_state import TaskState
@@ -39,6 +40,10 @@ class StatefulPythonOperator(StatefulOperator, PythonOperator):
                 f"{self.task_id}: async callables are not supported by StatefulPythonOperator yet; use a def."
             )
         self._wants_state = STATE_ARG in inspect.signature(self.python_callable).parameters
+
+    def code_fingerprint(self) -> str | None:
+        """The fingerprint of ``python_callable``: what a "code change" means for this operator."""
+        return fingerprint_callable(self.python_callable)
 
     def execute_stateful(self, context: Any, state: TaskState) -> Any:
         if self._wants_state:

@@ -129,14 +129,19 @@ class StatefulOperator(StatefulMixin, BaseOperator):
                         state.save(state.value)
                 except StopRequested as stop:
                     _settle_background_save(state)
-                    raise self.reschedule(stop) from stop
-                except BaseException:
+                    rescheduled = self.reschedule(stop)
+                    self.record_end(session, context, rescheduled)
+                    raise rescheduled from stop
+                except BaseException as exc:
                     _settle_background_save(state)
+                    self.record_end(session, context, exc)
                     raise
                 if self.output_asset_events:
                     attach_outputs_to_outlets(self, context, state)
                 if self.on_success == "delete":
                     session.purge()
+                else:
+                    self.record_end(session, context, None)  # written with the lease's release
                 return result
         finally:
             if cache is not None:
