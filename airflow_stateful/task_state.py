@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
 from airflow_stateful.core.chunk_cache import CacheStats, LocalChunkCache
+from airflow_stateful.core.code_identity import CodeIdentity
 from airflow_stateful.core.codecs import encode_value
 from airflow_stateful.core.effects import effect_key
 from airflow_stateful.core.errors import InvalidValueError, StopRequested
@@ -77,7 +78,7 @@ _CURSORS = "cursors"
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """Where the state came from: which checkpoint, written by which try, when, with which schema."""
+    """Where the state came from: which checkpoint, written by which try, when, with which schema and code."""
 
     seq: int
     try_number: int | None
@@ -85,6 +86,9 @@ class CheckpointInfo:
     schema_version: int
     dag_version_id: str | None
     writer: WriterInfo
+    #: What code wrote it: the task's code fingerprint, DAG version, DAG bundle and version, provider version
+    #: (``None`` for a checkpoint written before this was recorded, or outside an operator).
+    code: CodeIdentity | None = None
 
     @classmethod
     def of(cls, manifest: Manifest) -> CheckpointInfo:
@@ -95,6 +99,7 @@ class CheckpointInfo:
             schema_version=manifest.schema_version,
             dag_version_id=manifest.writer.dag_version_id,
             writer=manifest.writer,
+            code=manifest.code,
         )
 
 

@@ -42,6 +42,7 @@ from airflow.sdk.exceptions import AirflowException
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
+from airflow_stateful.core.code_identity import fingerprint_json
 from airflow_stateful.core.config import RESTORE_CACHE_MAX_BYTES
 from airflow_stateful.core.errors import InvalidValueError
 from airflow_stateful.core.lease import lease_of
@@ -420,11 +421,22 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
                 result = super().execute(context)
             except Exception as exc:
                 if self._stop_requested:
-                    raise self.reschedule("the pod was stopped to save its state") from exc
+                    rescheduled = self.reschedule("the pod was stopped to save its state")
+                    self._record_end(context, rescheduled)
+                    raise rescheduled from exc
+                self._record_end(context, exc)
                 raise
             if self._stop_requested:
-                raise self.reschedule("the pod was stopped to save its state")
-            return self._finish(context, state, result)
+                rescheduled = self.reschedule("the pod was stopped to save its state")
+                self._record_end(context, rescheduled)
+                raise rescheduled
+            try:
+                finished = self._finish(context, state, result)
+            except BaseException as exc:
+                self._record_end(context, exc)
+                raise
+            self._record_end(context, None)
+            return finished
         finally:
             if self._session is not None:
                 # A running (or saving, after on_kill) pod still needs the lease: keep it, unrenewed, for the
@@ -432,6 +444,15 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
                 over = terminated(self.remote_pod) and not self._stop_requested
                 self._session.close(release=over)
             hook.close()
+
+    def _record_end(self, context: Any, exc: BaseException | None) -> None:
+        """How this try ends, written with the lease's release (a pod still saving keeps the lease: not then)."""
+        if self._session is not None:
+            self.record_end(self._session, context, exc)
+
+    def code_fingerprint(self) -> str | None:
+        """The pod's code: its image, command and arguments (what a "code change" means for a pod)."""
+        return fingerprint_json({"image": self.image, "cmds": self.cmds, "arguments": self.arguments})
 
     def _finish(self, context: Any, state: PodState, result: Any) -> Any:
         assert self._session is not None
