@@ -78,7 +78,17 @@ def test_ls_lists_identities_as_a_table_and_as_json(
     code, out, _ = cli(capsys, backend, "ls")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["IDENTITY", "SEQ", "KEPT", "BYTES", "EPOCH", "LEASE", "STATUS", "OUTCOME", "UPDATED"]
+    assert lines[0].split() == [
+        "IDENTITY",
+        "SEQ",
+        "KEPT",
+        "BYTES",
+        "EPOCH",
+        "LEASE",
+        "STATUS",
+        "OUTCOME",
+        "UPDATED",
+    ]
     assert any(line.startswith(WATERMARK.key) and " 3 " in line for line in lines)
     code, out, _ = cli(capsys, backend, "ls", "--json")
     rows = {r["identity"]: r for r in json.loads(out)}

@@ -158,7 +158,17 @@ def test_ls_prints_the_same_rows_in_key_order_and_a_corrupt_head_as_its_own_erro
 
     code, table = ls(store, "etl/load/")
     lines = table.splitlines()
-    assert lines[0].split() == ["IDENTITY", "SEQ", "KEPT", "BYTES", "EPOCH", "LEASE", "STATUS", "OUTCOME", "UPDATED"]
+    assert lines[0].split() == [
+        "IDENTITY",
+        "SEQ",
+        "KEPT",
+        "BYTES",
+        "EPOCH",
+        "LEASE",
+        "STATUS",
+        "OUTCOME",
+        "UPDATED",
+    ]
     assert [line.split()[0] for line in lines[1:]] == ["etl/load/part-1", "etl/load/part-2", "etl/load"]
     assert lines[2].split()[1:3] == ["error:", "CheckpointCorruptError:"]
     seq_column = lines[0].index("SEQ")
