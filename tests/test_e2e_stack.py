@@ -15,20 +15,13 @@ no process using its AIRFLOW_HOME is left. About a minute.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -37,6 +30,8 @@ from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KE
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 psutil = pytest.importorskip("psutil")
+
+from airflow_stack import Stack, base_env, start_stack, stop_stack, wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DAG_ID = "killable_batch"
@@ -48,156 +43,6 @@ BUCKET = "stateful-e2e"
 PREFIX = "airflow"
 REGION = "us-east-1"
 CONN_ID = "stateful_e2e"
-JWT_SECRET = "e2e-test-jwt-secret-not-a-real-secret"
-
-T = TypeVar("T")
-
-
-@dataclass
-class Component:
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-
-@dataclass
-class Stack:
-    home: Path
-    env: dict[str, str]
-    port: int
-    logs: Path
-    components: list[Component] = field(default_factory=list)
-    seen_pids: set[int] = field(default_factory=set)
-
-    @property
-    def api(self) -> str:
-        return f"http://127.0.0.1:{self.port}/api/v2"
-
-    # -- processes -----------------------------------------------------------------------------------------
-    def _popen_args(self, out: Any, *args: str) -> dict[str, Any]:
-        return {
-            "args": [sys.executable, "-m", "airflow", *args],
-            "env": self.env,
-            "cwd": self.home,
-            "stdin": subprocess.DEVNULL,
-            "stdout": out,
-            "stderr": subprocess.STDOUT,
-            "start_new_session": True,  # its own process group: teardown kills the whole group
-        }
-
-    def start(self, name: str, *args: str) -> Component:
-        log = self.logs / f"{name}.log"
-        with open(log, "wb") as out:
-            process = subprocess.Popen(**self._popen_args(out, *args))
-        component = Component(name, process, log)
-        self.components.append(component)
-        self.seen_pids.add(process.pid)
-        return component
-
-    def run_cli(self, name: str, *args: str, timeout: float = 120) -> None:
-        log = self.logs / f"{name}.log"
-        with open(log, "wb") as out:
-            result = subprocess.run(**self._popen_args(out, *args), timeout=timeout)
-        if result.returncode != 0:
-            pytest.fail(f"`airflow {' '.join(args)}` exited with {result.returncode}\n{tail(log, 60)}")
-
-    def remember_descendants(self) -> None:
-        """Record every descendant seen so far: teardown kills them even if their parent died first."""
-        for component in self.components:
-            with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(component.process.pid).children(recursive=True):
-                    self.seen_pids.add(child.pid)
-
-    def check_alive(self) -> None:
-        for component in self.components:
-            if component.process.poll() is not None:
-                pytest.fail(
-                    f"{component.name} exited with code {component.process.returncode}\n{self.diagnostics()}"
-                )
-
-    def stop(self) -> None:
-        self.remember_descendants()
-        procs: list[Any] = []
-        for pid in self.seen_pids:
-            with contextlib.suppress(psutil.Error):
-                procs.append(psutil.Process(pid))
-        for component in self.components:  # SIGTERM to each group first: a clean shutdown if it is quick
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(component.process.pid, signal.SIGTERM)
-        # A short wait, then SIGKILL: the test asserts nothing of a clean exit.
-        _, alive = psutil.wait_procs(procs, timeout=3)
-        for component in self.components:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(component.process.pid, signal.SIGKILL)
-        for proc in alive:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(alive, timeout=10)
-        for component in self.components:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                component.process.wait(timeout=10)
-
-    def leftovers(self) -> list[str]:
-        """Processes still running that belong to this stack (by pid, or by AIRFLOW_HOME in their env)."""
-        left = []
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            with contextlib.suppress(psutil.Error):
-                if proc.pid == os.getpid():
-                    continue
-                ours = proc.pid in self.seen_pids and proc.status() != psutil.STATUS_ZOMBIE
-                if not ours:
-                    ours = proc.environ().get("AIRFLOW_HOME") == str(self.home)
-                if ours:
-                    left.append(f"{proc.pid}: {' '.join(proc.info['cmdline'] or [])}")
-        return left
-
-    # -- REST API ------------------------------------------------------------------------------------------
-    def request(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.api + path, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=10) as response:
-            return json.loads(response.read() or b"null")
-
-    # -- diagnostics ---------------------------------------------------------------------------------------
-    def diagnostics(self) -> str:
-        parts = [f"--- {c.name} (exit {c.process.poll()}) ---\n{tail(c.log, 40)}" for c in self.components]
-        for task_log in sorted((self.home / "logs").rglob("*.log"))[-3:]:
-            parts.append(f"--- task log {task_log.relative_to(self.home)} ---\n{tail(task_log, 40)}")
-        for name in ("ledger.csv", "pids.csv"):
-            if (self.home / name).exists():
-                parts.append(f"--- {name} ---\n{tail(self.home / name, 10)}")
-        return "\n".join(parts)
-
-
-def tail(path: Path, lines: int) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(cannot read {path}: {exc})"
-
-
-def wait_for(
-    what: str, probe: Callable[[], T | None], *, timeout: float, stack: Stack, interval: float = 0.5
-) -> T:
-    """Poll ``probe`` until it returns something other than None (exceptions count as not yet)."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        stack.check_alive()
-        stack.remember_descendants()
-        try:
-            value = probe()
-        except Exception as exc:
-            last_error, value = exc, None
-        if value is not None:
-            return value
-        time.sleep(interval)
-    pytest.fail(
-        f"timed out after {timeout:.0f} s waiting for {what} (last error: {last_error!r})\n"
-        f"{stack.diagnostics()}"
-    )
 
 
 def stack_env(home: Path, dags: Path, port: int, endpoint_url: str) -> dict[str, str]:
@@ -208,22 +53,8 @@ def stack_env(home: Path, dags: Path, port: int, endpoint_url: str) -> dict[str,
         "password": DUMMY_SECRET_KEY,
         "extra": {"endpoint_url": endpoint_url, "region_name": REGION},
     }
-    env = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "TZ") if key in os.environ}
+    env = base_env(home, dags, port)
     env.update(
-        HOME=str(home),
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
-        AIRFLOW__CORE__PARALLELISM="4",
-        AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
-        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",  # loopback only: the REST API needs no login
-        AIRFLOW__API__HOST="127.0.0.1",
-        AIRFLOW__API__PORT=str(port),
-        AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
-        AIRFLOW__API_AUTH__JWT_SECRET=JWT_SECRET,
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
-        AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
         AIRFLOW__STATEFUL__BACKEND_URL=f"s3://{BUCKET}/{PREFIX}",
         AIRFLOW__STATEFUL__CONN_ID=CONN_ID,
         **{f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn)},
@@ -231,7 +62,6 @@ def stack_env(home: Path, dags: Path, port: int, endpoint_url: str) -> dict[str,
         STATEFUL_DEMO_PIDFILE=str(home / "pids.csv"),
         STATEFUL_DEMO_LOCAL_URL=(home / "stateful-local").as_uri(),
         STATEFUL_DEMO_OUTPUTS_LEDGER=str(home / "consumed.ledger"),
-        PYTHONUNBUFFERED="1",
     )
     return env
 
@@ -269,16 +99,10 @@ def stack(tmp_path: Path, moto: MotoServer) -> Iterator[Stack]:
     port = free_port()
     stack = Stack(home=home, env=stack_env(home, dags, port, moto.endpoint_url), port=port, logs=logs)
     try:
-        stack.run_cli("db-migrate", "db", "migrate")
-        stack.start("api-server", "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1")
-        stack.start("scheduler", "scheduler", "--skip-serve-logs")
-        stack.start("dag-processor", "dag-processor")
-        stack.start("triggerer", "triggerer", "--skip-serve-logs")
+        start_stack(stack)
         yield stack
     finally:
-        stack.stop()
-        left = stack.leftovers()
-        assert not left, "processes of the stack are still running after teardown:\n" + "\n".join(left)
+        stop_stack(stack)
 
 
 def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack, moto: MotoServer) -> None:

@@ -38,6 +38,8 @@ from airflow_stateful.hooks.state import StateHook
 
 log = logging.getLogger("airflow_stateful")
 
+KEPT_IN_REPORT = 100
+"""Kept identities listed with their reason in the XCom report (it must stay small); the log lists every one."""
 GARBAGE_REASONS = (GARBAGE, ORPHAN)
 """Plan reasons that are garbage (objects nothing references: crashed commits, half-done purges), as opposed
 to policy (``retention``, ``idle``, ``expired-state``): what ``stateful.gc.garbage_*`` count."""
@@ -213,6 +215,8 @@ class StatefulGCOperator(BaseOperator):
             "deleted_bytes": deleted_bytes,
             "identities": identities,
             "kept_identities": len(plan.kept),
+            # Why each is kept, for the first KEPT_IN_REPORT (the task log names them all).
+            "kept": [{"identity": p.identity, "lifetime": p.why} for p in plan.kept[:KEPT_IN_REPORT]],
             "airflow": airflow.base_url if airflow is not None else None,
         }
 
