@@ -316,7 +316,9 @@ def test_state_follows_airflow_through_retries_clears_success_and_a_deploy_rollb
     assert rows_by_try == {1: (0, 2), 2: (0, 1), 3: (7, 2)}, "try 3 resumed from the pinned schema-2 state"
     final = rollback_cs.latest()
     assert final.value == {"schema": 2, "done": 8}
-    copy = rollback_cs.get(final.seq - 1)  # what try 3 committed before its code ran: the pinned state, copied
+    copy = rollback_cs.get(
+        final.seq - 1
+    )  # what try 3 committed before its code ran: the pinned state, copied
     assert copy.value == {"schema": 2, "done": 7} and copy.extra["resumed_from_pin"] == pinned[0].seq
     assert not rollback_cs.head().pinned, "the pin is released once its copy is the newest checkpoint"
     print(f"e2e lifetimes: done {time.monotonic() - t0:.0f} s after the stack started")
