@@ -8,10 +8,12 @@ rollback with real retries is tests/test_e2e_lifetimes.py, on a real scheduler).
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
 import pytest
+from test_cli import cli
 from test_stateful_tasks import DagFile, checkpoints, run_dag, task_instance, write_dag
 
 from airflow_stateful.core.records import PINS_FORMAT
@@ -195,7 +197,7 @@ def rollback_dag(
 
 
 def test_a_deploy_rollback_pins_the_newer_state_and_the_rollforward_resumes_from_it(
-    dags_folder: Path, tmp_path: Path, library_log: list[str]
+    dags_folder: Path, tmp_path: Path, library_log: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     dag_id, name = new_dag_id(), f"roll-{uuid.uuid4().hex[:6]}"
     # 1. schema-2 code: 7 items done.
@@ -219,6 +221,16 @@ def test_a_deploy_rollback_pins_the_newer_state_and_the_rollforward_resumes_from
     )
     older = cs.latest()
     assert older is not None and older.value == {"schema": 1, "done": 5}
+    # The pin is shown where people look: show, history (and ls --json).
+    backend = cs.store.url
+    code, out, _ = cli(capsys, backend, "show", cs.identity.key)
+    assert code == 0 and f"pinned:    checkpoint {newer.seq} (schema 2): schema 2 cannot be read" in out, out
+    assert "outcome:   success (try 1" in out, out
+    code, out, _ = cli(capsys, backend, "history", cs.identity.key, "--json")
+    marks = {r["seq"]: r["pinned"] for r in json.loads(out)}
+    assert marks[newer.seq] == "pinned" and [s for s, m in marks.items() if m] == [newer.seq], marks
+    code, out, _ = cli(capsys, backend, "ls", "--json")
+    assert {r["identity"]: r["pinned"] for r in json.loads(out)}[cs.identity.key] == [newer.seq]
     library_log.clear()
 
     # 3. schema-2 code deployed again (with a 1 -> 2 migration it could apply to the older code's state): it

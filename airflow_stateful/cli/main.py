@@ -269,6 +269,10 @@ def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
             "expires_at": lease.expires_at,
         },
         "kept": [e.seq for e in reversed(head.checkpoints)],
+        # Checkpoints retention never evicts: set aside by older code during a deploy rollback.
+        "pinned": {str(e.seq): e.pinned.to_json() for e in head.checkpoints if e.pinned is not None},
+        # How the newest try ended, in Airflow's words: what GC judges this identity's lifetime by.
+        "outcome": head.outcome.to_json() if head.outcome else None,
         "latest": None
         if latest is None
         else {
@@ -276,6 +280,7 @@ def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
             "created_at": latest.created_at,
             "schema_version": latest.schema_version,
             "writer": latest.writer.to_json(),
+            "code": latest.code.to_json() if latest.code else None,
             "files": [{"path": f.path, "size": f.size, "objects": len(f.keys)} for f in cs.files(latest)],
             "value": latest.value if latest.value_codec == "json" else f"<{latest.value_codec}>",
         },
@@ -285,11 +290,19 @@ def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
     else:
         for field in ("identity", "store", "epoch", "lease", "kept"):
             print(f"{field + ':':<10} {info[field] if info[field] is not None else '-'}")
+        print(f"{'outcome:':<10} {head.outcome.describe() if head.outcome else '-'}")
+        for entry in head.pinned:
+            assert entry.pinned is not None
+            print(
+                f"{'pinned:':<10} checkpoint {entry.seq} (schema {entry.schema_version}): {entry.pinned.reason}"
+            )
         if latest is not None:
             print(
                 f"latest:    checkpoint {latest.seq} by {latest.writer.describe()} at {latest.created_at}, "
                 f"schema {latest.schema_version}, {latest.file_count} file(s)"
             )
+            if latest.code is not None:
+                print(f"code:      {latest.code.describe()}")
             print(f"value:     {json.dumps(info['latest']['value'], default=str)[:200]}")  # type: ignore[index]
     return EXIT_OK
 
@@ -308,9 +321,15 @@ def _cmd_history(args: argparse.Namespace, store: ObjectStore) -> int:
                 "files": entry.file_count,
                 "bytes": entry.total_size,
                 "writer": writer.describe(),
+                "pinned": "pinned" if entry.pinned is not None else None,
+                "pin": entry.pinned.to_json() if entry.pinned is not None else None,
             }
         )
-    emit(rows, ["seq", "created_at", "schema", "epoch", "files", "bytes", "writer"], as_json=args.json)
+    emit(
+        rows,
+        ["seq", "created_at", "schema", "epoch", "files", "bytes", "writer", "pinned"],
+        as_json=args.json,
+    )
     return EXIT_OK
 
 
@@ -342,6 +361,9 @@ def _cmd_rollback(args: argparse.Namespace, store: ObjectStore) -> int:
             value_codec=target.value_codec,
             keep_files_from=target,
             extra={**target.extra, "rolled_back_from": target.seq},
+            code=target.code,
+            # A pinned checkpoint rolled back to is the newest now: its pin has done its job.
+            unpin=[target.commit_id],
         )
     finally:
         cs.release(lease)
