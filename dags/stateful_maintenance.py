@@ -1,9 +1,14 @@
 """Stateful maintenance: a daily GC of the checkpoint store, so it never grows without bound, and a stuck check.
 
 ``StatefulGCOperator`` applies the store-wide policies of ``airflow-stateful gc`` to the ``[stateful]`` backend:
-identities idle for 30 days are deleted, history is pruned to the newest 5 checkpoints, objects left by crashed
-commits or half-done purges (older than an hour) and expired task state documents are removed. Identities under
-a live lease are never touched. It returns a JSON report (XCom).
+identities idle for 30 days are deleted unless their task can still run (a retry pending, rescheduled, deferred)
+or failed for good less than ``[stateful] keep_failed_for`` ago (30 days), succeeded per-run state is released
+after ``[stateful] release_after_success`` if that is set, history is pruned to the newest 5 checkpoints (pinned
+ones kept), objects left by crashed commits or half-done purges (older than an hour) and expired task state
+documents are removed. Identities under a live lease are never touched. With ``[stateful] airflow_conn_id`` (a
+connection to Airflow's REST API) it asks Airflow whether a run is finished before deleting the run's state, and
+keeps it when Airflow says it can still run or cannot be asked. It returns a JSON report (XCom) that says why each
+identity was kept or deleted (docs/stateful-tasks.md, "How long state lives").
 
 ``StatefulStuckCheckOperator`` runs ``airflow-stateful stuck``: it fails, naming them, when a writer holds a live
 lease but has committed nothing for longer than its ``expected_checkpoint_interval`` (else ``[stateful]
