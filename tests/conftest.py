@@ -127,7 +127,13 @@ def library_log() -> Iterator[list[str]]:
         logger.setLevel(level)
 
 
-STACK_MODULES = {"test_distributed.py", "test_e2e_stack.py", "test_e2e_lifetimes.py", "test_ui_auth.py"}
+STACK_MODULES = {
+    "test_distributed.py",
+    "test_e2e_stack.py",
+    "test_e2e_lifetimes.py",
+    "test_e2e_bundles.py",
+    "test_ui_auth.py",
+}
 """Modules that start a whole Airflow deployment (api-server, schedulers, workers, PostgreSQL, Redis). Under
 pytest-xdist (``make test`` runs two workers) they all go to one worker, one after the other, so that two
 deployments never compete for the machine's cores while their timing-sensitive scenarios run; the other

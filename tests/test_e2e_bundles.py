@@ -1,0 +1,220 @@
+"""End to end: a versioned DAG bundle (Airflow's Git bundle over a local repository) moving on under a run.
+
+The stack (tests/airflow_stack.py) reads its DAGs from a ``GitDagBundle`` whose ``repo_url`` is a git repository in
+the test's temporary directory, nothing else. Commit A has a stateful task that commits a checkpoint at item 10 and
+fails on try 1; while its retry waits, commit B changes the task's code (same ``schema_version``) and the
+dag-processor picks it up. The test records what Airflow then does, and what the checkpoints say:
+
+* the retry (try 2) runs on the bundle version its DAG run was created with (A): a versioned bundle pins a run to
+  its version, so the retry resumes a checkpoint of its own code and nothing is logged as changed;
+* the run is then cleared with ``run_on_latest_version=True``: try 3 runs commit B, its checkpoint records bundle
+  version B (beside try 2's A) and its task log has the one line saying what changed (bundle version A -> B, task
+  code x -> y) as it resumes.
+
+Skipped, saying why, where ``git`` or the Git provider is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+psutil = pytest.importorskip("psutil")
+pytest.importorskip(
+    "airflow.providers.git.bundles.git", reason="apache-airflow-providers-git is not installed"
+)
+if shutil.which("git") is None:
+    pytest.skip("git is not installed: the Git DAG bundle needs it", allow_module_level=True)
+
+from airflow_stack import Stack, base_env, start_stack, stop_stack, wait_for  # noqa: E402
+
+from airflow_stateful.testing.s3_server import free_port  # noqa: E402
+
+RETRY_DELAY = 40
+DAG_FILE = """\
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+
+from airflow.sdk import dag, get_current_context
+
+from airflow_stateful import TaskState, stateful_task
+
+
+@dag(dag_id="lt_bundle", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+def the_dag():
+    @stateful_task(task_id="crunch", retries=1, retry_delay=timedelta(seconds=__DELAY__), checkpoint_every=5)
+    def crunch(state: TaskState):
+        ti = get_current_context()["ti"]
+        state.value = state.value or {"total": 0}
+        for item in state.resume(range(20)):
+            if ti.try_number == 1 and item == 12:
+                raise RuntimeError("try 1 fails at item 12")
+            with open(os.path.join(os.environ["AIRFLOW_HOME"], "ledger.csv"), "a") as ledger:
+                ledger.write(f"{ti.try_number},{item},__VERSION__\\n")
+            state.value = {"total": state.value["total"] + item}
+        state.save(state.value)  # every try commits once more, so each try's checkpoint says which code ran
+        return state.value
+
+    crunch()
+
+
+the_dag()
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {
+        "GIT_AUTHOR_NAME": "test",
+        "GIT_AUTHOR_EMAIL": "test@example.invalid",
+        "GIT_COMMITTER_NAME": "test",
+        "GIT_COMMITTER_EMAIL": "test@example.invalid",
+        "HOME": str(repo.parent),
+        "PATH": "/usr/bin:/bin",
+    }
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def commit_version(repo: Path, version: str) -> str:
+    (repo / "dags").mkdir(exist_ok=True)
+    source = DAG_FILE.replace("__DELAY__", str(RETRY_DELAY)).replace("__VERSION__", version)
+    (repo / "dags" / "lt_bundle.py").write_text(source)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", f"version {version}")
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    return repo
+
+
+@pytest.fixture
+def stack(tmp_path: Path, repo: Path) -> Iterator[Stack]:
+    home, dags, logs = tmp_path / "home", tmp_path / "unused-dags", tmp_path / "component-logs"
+    for d in (home, dags, logs):
+        d.mkdir()
+    port = free_port()
+    env = base_env(home, dags, port)
+    bundle = {
+        "name": "repo",
+        "classpath": "airflow.providers.git.bundles.git.GitDagBundle",
+        "kwargs": {"repo_url": str(repo), "tracking_ref": "main", "subdir": "dags", "refresh_interval": 3},
+    }
+    env.update(
+        AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST=json.dumps([bundle]),
+        AIRFLOW__STATEFUL__BACKEND_URL=(home / "stateful").as_uri(),
+        GIT_AUTHOR_NAME="test",
+        GIT_COMMITTER_NAME="test",
+    )
+    stack = Stack(home=home, env=env, port=port, logs=logs)
+    try:
+        start_stack(stack)
+        yield stack
+    finally:
+        stop_stack(stack)
+
+
+def task_log(stack: Stack, try_number: int) -> str:
+    found = sorted((stack.home / "logs").rglob(f"attempt={try_number}*.log"))
+    return "\n".join(p.read_text(errors="replace") for p in found if "lt_bundle" in str(p))
+
+
+def test_a_retry_runs_its_runs_bundle_version_and_a_clear_on_the_latest_records_the_change(
+    stack: Stack, repo: Path
+) -> None:
+    from airflow_stateful.core import CheckpointStore, Identity
+    from airflow_stateful.core.stores.local import LocalObjectStore
+
+    version_a = commit_version(repo, "A")
+    wait_for("the api-server", lambda: stack.request("GET", "/version"), timeout=120, stack=stack)
+    dag = wait_for(
+        "lt_bundle to be parsed", lambda: stack.request("GET", "/dags/lt_bundle"), timeout=180, stack=stack
+    )
+    assert dag["bundle_name"] == "repo" and dag["bundle_version"] == version_a, dag
+    stack.request("PATCH", "/dags/lt_bundle", {"is_paused": False})
+    run = stack.request("POST", "/dags/lt_bundle/dagRuns", {"logical_date": None})
+    run_id, path = run["dag_run_id"], f"/dags/lt_bundle/dagRuns/{run['dag_run_id']}"
+    assert run["bundle_version"] == version_a, run
+
+    def ti_state() -> dict[str, Any]:
+        return stack.request("GET", f"{path}/taskInstances/crunch")  # type: ignore[no-any-return]
+
+    wait_for(
+        "try 1 to fail",
+        lambda: True if ti_state()["state"] == "up_for_retry" else None,
+        timeout=180,
+        stack=stack,
+    )
+    version_b = commit_version(repo, "B")  # the task's code changes; the schema does not
+    wait_for(
+        "the dag-processor to parse commit B",
+        lambda: True if stack.request("GET", "/dags/lt_bundle")["bundle_version"] == version_b else None,
+        timeout=RETRY_DELAY - 5,
+        stack=stack,
+    )
+    cs = CheckpointStore(
+        store=LocalObjectStore(root=stack.home / "stateful"),
+        identity=Identity.for_task(dag_id="lt_bundle", task_id="crunch", run_id=run_id),
+    )
+    try_1 = cs.latest()
+    assert try_1 is not None and try_1.code is not None
+    assert (try_1.code.bundle_name, try_1.code.bundle_version) == ("repo", version_a), try_1.code
+
+    def finished() -> bool | None:
+        state = stack.request("GET", path)["state"]
+        if state == "failed":
+            pytest.fail(f"the run failed\n{stack.diagnostics()}")
+        return True if state == "success" else None
+
+    wait_for("the retry to succeed", finished, timeout=RETRY_DELAY + 180, stack=stack, interval=1)
+    rows = [line.split(",") for line in (stack.home / "ledger.csv").read_text().split()]
+    assert {r[2] for r in rows if r[0] == "2"} == {"A"}, (
+        "the retry ran commit A: the run is pinned to its version"
+    )
+    try_2 = cs.latest()
+    assert try_2 is not None and try_2.code is not None and try_2.writer.try_number == 2
+    assert try_2.code.bundle_version == version_a and try_2.code.fingerprint == try_1.code.fingerprint
+    assert "was written by other code" not in task_log(stack, 2), "same code: nothing to report"
+
+    # A person clears the task and asks for the latest bundle version.
+    stack.request(
+        "POST",
+        "/dags/lt_bundle/clearTaskInstances",
+        {
+            "dry_run": False,
+            "dag_run_id": run_id,
+            "task_ids": ["crunch"],
+            "only_failed": False,
+            "run_on_latest_version": True,
+        },
+    )
+    time.sleep(2)
+    wait_for("the cleared task to succeed", finished, timeout=180, stack=stack, interval=1)
+    try_3 = cs.latest()
+    assert try_3 is not None and try_3.code is not None and try_3.writer.try_number == 3
+    assert try_3.code.bundle_version == version_b, "the cleared task ran commit B"
+    assert try_3.code.fingerprint != try_2.code.fingerprint
+    log = task_log(stack, 3)
+    lines = [line for line in log.splitlines() if "was written by other code" in line]
+    assert len(lines) == 1, log[-4000:]
+    assert f"task code {try_2.code.fingerprint} -> {try_3.code.fingerprint}" in lines[0], lines[0]
+    assert f"bundle version {version_a} -> {version_b}" in lines[0], lines[0]
+    print(
+        f"e2e bundles: retry ran {version_a[:8]} (the run's version); the clear on the latest ran {version_b[:8]}"
+    )
