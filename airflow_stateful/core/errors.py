@@ -80,6 +80,10 @@ class IncompatibleStateError(StatefulError):
     """A checkpoint's schema_version cannot be brought to the task's (newer than the code, or no migration)."""
 
 
+class CursorMismatchError(IncompatibleStateError):
+    """A ``resume()`` loop's iterable no longer matches its stored cursor (other first items, a missing key)."""
+
+
 class MigrationError(StatefulError):
     """A migration function failed or returned nothing."""
 
