@@ -401,6 +401,18 @@ def test_the_chart_without_cursors_plots_checkpoint_numbers_per_epoch_and_marks_
     assert build_chart([]) is None
 
 
+def test_the_chart_draws_checkpoints_with_and_without_items_done_side_by_side() -> None:
+    """A save() before the first resume() loop records no cursors: its mark has no items, the others do."""
+    points = [
+        Point(seq=1, at=1000.0, epoch=1, try_number=1, items=None),
+        Point(seq=2, at=1060.0, epoch=1, try_number=1, items=40),
+    ]
+    chart = build_chart(points)
+    assert chart is not None and chart.y_caption.startswith("items done")
+    titles = [m.title for m in chart.series[0].markers]
+    assert "items done" not in titles[0] and titles[1].endswith(", 40 items done")
+
+
 def test_the_chart_of_a_single_checkpoint_has_room_around_it() -> None:
     chart = build_chart([Point(seq=1, at=5000.0, epoch=1, try_number=1, items=3)])
     assert chart is not None and len(chart.series) == 1 and not chart.lines and not chart.crosses

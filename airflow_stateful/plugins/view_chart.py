@@ -286,7 +286,7 @@ def build_chart(points: Sequence[Point], *, lease: LeaseMarks | None = None) -> 
                 x_of(p.at),
                 y_of(value(p)),
                 f"#{p.seq}, {label}, epoch {p.epoch}, {_when(p.at, '%Y-%m-%d %H:%M:%S')} UTC"
-                + (f", {p.items:,} items done" if by_items else ""),
+                + (f", {p.items:,} items done" if p.items is not None else ""),
             )
             for p in mine
         ]
