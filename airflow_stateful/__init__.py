@@ -27,6 +27,7 @@ _LAZY = {
     "CheckpointCorruptError": "airflow_stateful.core.errors",
     "IdentityError": "airflow_stateful.core.errors",
     "IncompatibleStateError": "airflow_stateful.core.errors",
+    "CursorMismatchError": "airflow_stateful.core.errors",
     "MigrationError": "airflow_stateful.core.errors",
     "CodeChangedError": "airflow_stateful.core.errors",
     "CodeIdentity": "airflow_stateful.core.code_identity",

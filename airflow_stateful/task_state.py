@@ -51,29 +51,38 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
 from airflow_stateful.core.chunk_cache import CacheStats, LocalChunkCache
 from airflow_stateful.core.code_identity import CodeIdentity
 from airflow_stateful.core.codecs import encode_value
+from airflow_stateful.core.cursors import (
+    CURSORS,
+    MAX_NAME,
+    Cursor,
+    ItemKey,
+    cursors_to_json,
+    parse_cursors,
+    read_cursors,
+)
 from airflow_stateful.core.effects import effect_key
 from airflow_stateful.core.errors import InvalidValueError, StopRequested
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.outputs import OutputInfo
 from airflow_stateful.core.progress import human_bytes
 from airflow_stateful.core.records import CheckpointEntry, Manifest, WriterInfo
+from airflow_stateful.core.resume import ON_CHANGE, Walk
 from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.snapshot import FileSnapshot, snapshot_files, snapshot_value
 
 log = logging.getLogger("airflow_stateful")
 
 T = TypeVar("T")
-_CURSORS = "cursors"
 
 
 @dataclass(frozen=True)
@@ -239,9 +248,10 @@ class TaskState:
         # but the next run iterates over new data and must start at its first item.
         start = session.start
         same_run = start is not None and start.writer.run_id == session.writer.run_id
-        self._cursors: dict[str, int] = dict(
-            (start.extra.get(_CURSORS) if start and same_run else None) or {}
+        self._cursors: dict[str, Cursor] = (
+            parse_cursors(start.extra, what=f"checkpoint {start.seq}") if start and same_run else {}
         )
+        self._cursors_from = f"checkpoint {start.seq}" if start else "no checkpoint"
         self._every = checkpoint_every
         self._interval = checkpoint_interval
         self._clock = clock
@@ -464,7 +474,7 @@ class TaskState:
             manifest = session.commit(
                 frozen,
                 files=snapshot.path if snapshot else None,
-                extra={_CURSORS: cursors} if cursors else None,
+                extra={CURSORS: cursors_to_json(cursors)} if cursors else None,
             )
             if snapshot is not None:
                 self._remember_files(manifest, snapshot.path)  # before the snapshot is discarded
@@ -482,7 +492,7 @@ class TaskState:
     def _commit(
         self,
         value: Any,
-        cursors: dict[str, int],
+        cursors: dict[str, Cursor],
         *,
         files: str | Path | None = None,
         follow_symlinks: bool = False,
@@ -492,7 +502,7 @@ class TaskState:
         manifest = self._session.commit(
             value,
             files=files,
-            extra={_CURSORS: cursors} if cursors else None,
+            extra={CURSORS: cursors_to_json(cursors)} if cursors else None,
             follow_symlinks=follow_symlinks,
         )
         self._value, self._latest = value, manifest
@@ -515,15 +525,15 @@ class TaskState:
         except Exception as exc:
             log.warning("restore cache not filled after checkpoint %d: %s", manifest.seq, exc)
 
-    def _commit_value(self, cursors: dict[str, int]) -> CheckpointInfo:
+    def _commit_value(self, cursors: dict[str, Cursor]) -> CheckpointInfo:
         """Commit :attr:`value` as it is once a background save in flight has been waited for (it may set it)."""
         self.wait_for_save()
         return self._commit(self._value, cursors)
 
-    def _cursors_saved(self, key: str, position: int) -> bool:
+    def _cursors_saved(self, name: str, cursor: Cursor) -> bool:
         latest = self._latest
-        saved = (latest.extra.get(_CURSORS) or {}) if latest else {}
-        return bool(saved.get(key) == position)
+        saved = read_cursors(latest.extra, what=f"checkpoint {latest.seq}")[0] if latest else {}
+        return saved.get(name) == cursor
 
     def restore_files(self, dest: str | Path) -> list[Path]:
         """Restore the files of the newest checkpoint into directory ``dest``, verified; ``[]`` if none.
@@ -546,45 +556,86 @@ class TaskState:
         self,
         iterable: Iterable[T],
         *,
-        key: str = "items",
+        key: Callable[[T], ItemKey] | None = None,
+        cursor: str = "items",
         every: int | None = None,
         interval: timedelta | None = None,
+        on_change: str = "fail",
     ) -> Iterator[T]:
         """Iterate over ``iterable``, skipping the items earlier tries finished, checkpointing as it goes.
 
         An item counts as finished when the loop body returns and the next item is asked for. A checkpoint
-        (the current :attr:`value` plus the position) is committed after every ``every`` finished items, at
-        least every ``interval``, and at the end. The iterable must yield the same items in the same order
-        on every try. ``key`` names the cursor when a task has more than one resumable loop. A try that lost
-        its lease is stopped before its next item with :class:`~airflow_stateful.core.errors.FencedError`.
+        (the current :attr:`value` plus the cursor) is committed after every ``every`` finished items, at
+        least every ``interval``, and at the end. A try that lost its lease is stopped before its next item
+        with :class:`~airflow_stateful.core.errors.FencedError`. Cursors belong to one DAG run.
+
+        :param key: a function giving each item's key (a ``str`` or an ``int``, unique), like ``sorted``'s
+            ``key``: the cursor stores the last finished item's key, and a retry skips the items up to and
+            including it, wherever it now is. It assumes the items before the last key are finished (a stable
+            order: new items last). Without ``key=`` a retry skips as many items as were finished, which is right
+            only if the iterable yields the same items in the same order; a fingerprint of the first items
+            catches most changes (see :mod:`airflow_stateful.core.resume`).
+        :param cursor: the cursor's name, when a task has more than one resumable loop.
+        :param on_change: what a retry does when the iterable changed under the cursor: ``"fail"`` (default)
+            raises :class:`~airflow_stateful.core.errors.CursorMismatchError` (the operator fails the try
+            without a retry: the retry would meet the same iterable); ``"warn"`` logs a WARNING and resumes at
+            the stored position, or, when the last key is gone, starts again from the first item (redoing work;
+            it never skips items it cannot account for). A one-shot iterator is then kept in memory up to the
+            last key, to be replayed.
         """
         every = every if every is not None else self._every
         interval = interval if interval is not None else self._interval
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise InvalidValueError(f"checkpoint_every must be a positive integer, not {every!r}")
-        if not isinstance(key, str) or not key:
-            raise InvalidValueError(f"resume key must be a non-empty string, not {key!r}")
-        start = self._cursors.get(key, 0)
-        if start:
-            log.info("skipping %d finished items (cursor %r)", start, key)
-        position = committed = start
+        if isinstance(key, str):  # the cursor's name, as key= was before it took a function
+            warnings.warn(
+                f"resume(key={key!r}) names the cursor: pass cursor={key!r} instead (key= now takes a function "
+                "giving each item's key)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if cursor != "items":
+                raise InvalidValueError(
+                    f"resume() got key={key!r} and cursor={cursor!r}: name the cursor once"
+                )
+            key, cursor = None, key
+        elif key is not None and not callable(key):
+            raise InvalidValueError(
+                f"resume key= must be a function of an item returning a str or an int, or None, not {key!r}"
+            )
+        if not isinstance(cursor, str) or not 0 < len(cursor) <= MAX_NAME:
+            raise InvalidValueError(
+                f"resume cursor must be a string of 1-{MAX_NAME} characters, not {cursor!r}"
+            )
+        if on_change not in ON_CHANGE:
+            raise InvalidValueError(
+                f"resume on_change must be one of {', '.join(map(repr, ON_CHANGE))}, not {on_change!r}"
+            )
+        walk = Walk(
+            iterable,
+            name=cursor,
+            stored=self._cursors.get(cursor),
+            key=key,
+            on_change=on_change,
+            where=self._cursors_from,
+        )
         since = self._clock()
-        for item in islice(iterable, start, None):
+        for item in walk.remaining():
             self._session.ensure_alive()  # a zombie stops here, before doing an item twice
             if self.stop_requested:
-                self._cursors[key] = position
+                self._cursors[cursor] = walk.cursor()
                 info = self._commit_value(dict(self._cursors))
                 raise StopRequested(
-                    f"stop requested after {position} items; progress saved in checkpoint {info.seq}"
+                    f"stop requested after {walk.position} items; progress saved in checkpoint {info.seq}"
                 )
             yield item
-            position += 1
-            self._cursors[key] = position  # where this loop is; committed with the next checkpoint
-            due_items = every is not None and position % every == 0
+            walk.finished()
+            self._cursors[cursor] = walk.cursor()  # where this loop is; committed with the next checkpoint
+            due_items = every is not None and walk.position % every == 0
             due_time = interval is not None and self._clock() - since >= interval.total_seconds()
             if due_items or due_time:
                 self._commit_value(dict(self._cursors))
-                committed, since = position, self._clock()
-        self._cursors[key] = position
-        if position != committed or not self._cursors_saved(key, position):
+                since = self._clock()
+        self._cursors[cursor] = walk.cursor()
+        if not self._cursors_saved(cursor, self._cursors[cursor]):
             self._commit_value(dict(self._cursors))

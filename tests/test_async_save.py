@@ -29,6 +29,7 @@ from maintenance import OutageStore, keys, tree
 from test_stateful_tasks import checkpoints, run_dag, task_instance, write_dag
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession
+from airflow_stateful.core.cursors import cursor_position
 from airflow_stateful.core.errors import FencedError, InvalidValueError, StopRequested, StoreError
 from airflow_stateful.core.snapshot import STAGING_DIRNAME, snapshot_files, staging_roots, sweep_staging
 from airflow_stateful.core.stores.base import ObjectStore
@@ -238,7 +239,7 @@ def test_a_resume_commit_waits_for_the_background_save_and_carries_its_value(tmp
             close(state, session)
         cs = CheckpointStore(store=store, identity=IDENTITY)
         assert [cs.get(seq).value for seq in (1, 2, 3)] == [{"watermark": "2026-01-01"}] * 3
-        assert [cs.get(seq).extra.get("cursors") for seq in (1, 2, 3)] == [None, {"items": 2}, {"items": 3}]
+        assert [cursor_position(cs.get(seq), "items") for seq in (1, 2, 3)] == [None, 2, 3]
 
 
 def test_a_pickled_value_is_copied_at_the_call(tmp_path: Path) -> None:

@@ -316,6 +316,43 @@ def test_hostile_values_in_records_are_shown_as_text_never_as_markup(
     assert HOSTILE_POD not in pages[0].text
 
 
+def test_each_kept_checkpoint_shows_its_cursors_names_positions_and_last_keys_as_escaped_capped_text(
+    store: ObjectStore, admin: dict[str, str]
+) -> None:
+    """Cursors come from storage: a key like ``<script>`` is shown as text, long ones cut, bad ones named."""
+    ident = Identity.for_task(dag_id="etl", task_id="rows", run_id=RUN)
+    cs = CheckpointStore(store=store, identity=ident)
+    lease = cs.acquire(holder=WriterInfo(run_id=RUN, try_number=1))
+    cs.commit(
+        lease, 1, extra={"cursors": {"items": 5}}
+    )  # a checkpoint of an earlier version: a bare position
+    long_key = "k" * 1000
+    cursors = {
+        "items": {"position": 30, "last_key": "<script>alert(3)</script>", "fingerprint": None},
+        "<b>pages</b>": {"position": 2, "last_key": long_key, "fingerprint": None},
+    }
+    cs.commit(lease, 1, extra={"cursors": cursors})
+    cs.commit(lease, 1, extra={"cursors": {"items": {"position": "<i>30</i>"}}})
+    view = client(store, admin)
+    body = view.get(ti_url(ident, api=True)).json()
+    [found] = body["identities"]
+    rows = found["checkpoints"]
+    assert [r["items_done"] for r in rows] == [None, 32, 5], "the sum of the positions; none when unreadable"
+    assert rows[1]["cursors"]["items"]["last_key"] == "<script>alert(3)</script>"  # JSON: whole, as stored
+    assert rows[1]["cursors"]["<b>pages</b>"]["last_key"] == long_key
+    assert rows[2]["cursors"] == {"items": {"position": 5, "last_key": None, "fingerprint": None}}
+
+    text = view.get(ti_url(ident)).text
+    lowered = text.lower()
+    for markup in ("<script", "<b>pages", "<i>30"):
+        assert markup not in lowered, markup
+    assert "<code>items</code> 30 (last <code>&#39;&lt;script&gt;alert(3)&lt;/script&gt;&#39;</code>)" in text
+    assert "<code>&lt;b&gt;pages&lt;/b&gt;</code> 2 (last <code>&#39;" + "k" * 78 + "…</code>)" in text
+    assert long_key[:100] not in text, "a long key is cut on the page"
+    assert "<code>items</code> 5</div>" in text
+    assert "checkpoint 3: cursor &#39;items&#39;: field &#39;position&#39; must be an integer" in text
+
+
 # -- who may read what --------------------------------------------------------------------------------------
 
 
@@ -399,6 +436,18 @@ def test_the_chart_without_cursors_plots_checkpoint_numbers_per_epoch_and_marks_
     xs = [float(t.pos) for t in chart.x_ticks]
     assert xs == sorted(xs) and all(chart.left <= x <= chart.right for x in xs)
     assert build_chart([]) is None
+
+
+def test_the_chart_draws_checkpoints_with_and_without_items_done_side_by_side() -> None:
+    """A save() before the first resume() loop records no cursors: its mark has no items, the others do."""
+    points = [
+        Point(seq=1, at=1000.0, epoch=1, try_number=1, items=None),
+        Point(seq=2, at=1060.0, epoch=1, try_number=1, items=40),
+    ]
+    chart = build_chart(points)
+    assert chart is not None and chart.y_caption.startswith("items done")
+    titles = [m.title for m in chart.series[0].markers]
+    assert "items done" not in titles[0] and titles[1].endswith(", 40 items done")
 
 
 def test_the_chart_of_a_single_checkpoint_has_room_around_it() -> None:

@@ -13,8 +13,9 @@ import pytest
 from s3_endpoint import S3Endpoint
 
 from airflow_stateful.cli.main import main
-from airflow_stateful.core import CheckpointStore, Identity, store_from_url
+from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession, store_from_url
 from airflow_stateful.core.errors import FencedError
+from airflow_stateful.task_state import TaskState
 
 WATERMARK = Identity.for_task(dag_id="etl", task_id="load", name="nightly-watermark")
 BATCH = Identity.for_task(dag_id="etl", task_id="crunch", run_id="manual__1")
@@ -119,6 +120,48 @@ def test_show_history_and_cat(
     files: Path = seeded["files"]  # type: ignore[assignment]
     assert (tmp_path / "out" / "model.bin").read_bytes() == (files / "model.bin").read_bytes()
     assert (tmp_path / "out" / "sub" / "cfg.json").read_text() == '{"lr": 0.1}'
+
+
+def test_show_and_history_list_the_cursors_as_text_and_as_json(
+    capsys: pytest.CaptureFixture[str], backend: str
+) -> None:
+    """What resume() loops stored (position, last key, fingerprint) is what show and history print."""
+    rows_ti = Identity.for_task(dag_id="etl", task_id="rows", run_id="manual__c")
+    writer = WriterInfo(run_id="manual__c", try_number=1)
+    with WriterSession(checkpoints=open_cs(backend, rows_ti), writer=writer, heartbeat=False) as session:
+        state = TaskState(session=session, checkpoint_every=10)
+        for _ in state.resume([{"id": f"row-{i}"} for i in range(30)], key=lambda row: row["id"]):
+            pass
+        for _ in state.resume(range(5), cursor="pages"):
+            pass
+    code, out, _ = cli(capsys, backend, "show", rows_ti.key)
+    assert code == 0 and "cursors:   items=30 (last 'row-29'), pages=5\n" in out
+    code, out, _ = cli(capsys, backend, "show", rows_ti.key, "--json")
+    cursors = json.loads(out)["latest"]["cursors"]
+    assert cursors["items"]["position"] == 30 and cursors["items"]["last_key"] == "row-29"
+    assert (
+        cursors["items"]["fingerprint"]["items"] == 8 and len(cursors["items"]["fingerprint"]["sha256"]) == 64
+    )
+    assert cursors["pages"]["position"] == 5 and cursors["pages"]["last_key"] is None
+    assert cursors["pages"]["fingerprint"]["items"] == 5
+    code, out, _ = cli(capsys, backend, "history", rows_ti.key)
+    table = out.splitlines()
+    assert code == 0 and table[0].split()[-1] == "CURSORS"
+    assert table[1].endswith("items=30 (last 'row-29'), pages=5")
+    assert [line.endswith("items=20 (last 'row-19')") for line in table[1:]] == [False, False, True, False]
+    code, out, _ = cli(capsys, backend, "history", rows_ti.key, "--json")
+    history = json.loads(out)
+    assert [r["cursors"]["items"]["position"] for r in history] == [30, 30, 20, 10]
+    assert history[0]["cursors"] == cursors
+
+    forged = Identity.for_task(dag_id="etl", task_id="forged", run_id="manual__c")
+    cs = open_cs(backend, forged)
+    cs.commit(cs.acquire(), 1, extra={"cursors": {"items": {"position": -1}}})
+    code, out, _ = cli(capsys, backend, "show", forged.key)
+    assert code == 0 and "cursors:   checkpoint 1: cursor 'items': field 'position' must be" in out
+    code, out, _ = cli(capsys, backend, "history", forged.key, "--json")
+    [row] = json.loads(out)
+    assert row["cursors"] is None and "field 'position'" in row["cursors_error"]
 
 
 def test_rollback_commits_a_copy_and_respects_a_live_lease(

@@ -59,6 +59,7 @@ pytest.importorskip("airflow.providers.celery", reason="the distributed tests ne
 from distributed.cluster import HEARTBEAT_TIMEOUT, SCHEDULERS, WORKERS, Cluster, running_cluster  # noqa: E402
 
 from airflow_stateful.core import CheckpointStore, Identity, Manifest, store_from_url  # noqa: E402
+from airflow_stateful.core.cursors import cursor_position  # noqa: E402
 
 DAG_FILE = Path(__file__).resolve().parent / "distributed" / "dags" / "distributed_batch.py"
 DAG_ID = "distributed_batch"
@@ -134,7 +135,9 @@ def checkpoints_of(cluster: Cluster, run_id: str) -> CheckpointStore:
 
 
 def cursor(manifest: Manifest) -> int:
-    return int(manifest.extra["cursors"]["items"])
+    position = cursor_position(manifest, "items")
+    assert position is not None, f"checkpoint {manifest.seq} has no cursor 'items'"
+    return position
 
 
 def wait_for_cursor_of_try_1(cluster: Cluster, checkpoints: CheckpointStore) -> Manifest:
@@ -557,7 +560,8 @@ def _write_history(root: Path, executions: list[tuple[int, int, int, list[int]]]
         listed = [*listed, {"try": try_number, "pid": pid, "resumed_at": resumed_at}]
         for position in cursors:
             value = {"total": 0, "done": position, "executions": listed}
-            checkpoints.commit(lease, value, writer=writer, extra={"cursors": {"items": position}})
+            record = {"position": position, "last_key": None, "fingerprint": None}
+            checkpoints.commit(lease, value, writer=writer, extra={"cursors": {"items": record}})
     return checkpoints
 
 

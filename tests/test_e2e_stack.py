@@ -107,6 +107,7 @@ def stack(tmp_path: Path, moto: MotoServer) -> Iterator[Stack]:
 
 def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack, moto: MotoServer) -> None:
     from airflow_stateful.core import CheckpointStore, Identity
+    from airflow_stateful.core.cursors import cursor_position
     from airflow_stateful.core.stores.s3 import S3ObjectStore
 
     t0 = time.monotonic()
@@ -141,7 +142,7 @@ def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack
         latest = checkpoints.latest()
         if latest is None or latest.writer.try_number != 1:
             return None
-        cursor = int(latest.extra["cursors"]["items"])
+        cursor = cursor_position(latest, "items") or 0
         return cursor if cursor >= KILL_AFTER_CURSOR else None
 
     wait_for(
@@ -167,7 +168,8 @@ def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack
     assert after_kill is not None and after_kill.writer.try_number == 1, (
         f"the latest checkpoint right after the kill is not try 1's: {after_kill}"
     )
-    resume_cursor = int(after_kill.extra["cursors"]["items"])
+    resume_cursor = cursor_position(after_kill, "items")
+    assert resume_cursor is not None, f"checkpoint {after_kill.seq} has no cursor 'items'"
     assert KILL_AFTER_CURSOR <= resume_cursor < ITEMS, f"killed too late: cursor {resume_cursor}"
 
     def finished_run() -> dict[str, Any] | None:
@@ -198,7 +200,7 @@ def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack
     value = xcom["value"]
     assert (json.loads(value) if isinstance(value, str) else value) == expected
     final = checkpoints.latest()
-    assert final is not None and final.value == expected and final.extra["cursors"] == {"items": ITEMS}
+    assert final is not None and final.value == expected and cursor_position(final, "items") == ITEMS
     assert final.writer.try_number == 2
     check_published_outputs(stack, store, outputs_run)
     print(

@@ -27,6 +27,8 @@ import pytest
 from dag_helpers import dagbag, find_dag, ledger_by_try, load_dag_module
 from s3_endpoint import S3Endpoint
 
+from airflow_stateful.core.cursors import cursor_position
+
 if TYPE_CHECKING:
     from airflow_stateful.core import CheckpointStore
 
@@ -204,7 +206,7 @@ def assert_resumed_from_checkpoint_30(dag_file: DagFile, run: Any, **store_optio
     assert latest is not None
     # Items 30..36 were handled twice but counted once: try 2 started from the value checkpointed at 30.
     assert latest.value == {"total": sum(i * i for i in range(100)), "count": 100}
-    assert latest.extra["cursors"] == {"items": 100}
+    assert cursor_position(latest, "items") == 100
     assert latest.writer.try_number == 2
     assert latest.writer.run_id == run.run_id and latest.writer.dag_version_id
     assert latest.value_codec == "json" and latest.schema_version == 1
@@ -287,7 +289,7 @@ def test_mapped_task_instances_resume_independently(dags_folder: Path, tmp_path:
         assert latest is not None
         assert latest.value == {"shard": shard, "total": sum(1000 * shard + i for i in range(30))}
         assert latest.writer.map_index == shard and latest.writer.try_number == 2
-        assert latest.extra["cursors"] == {"items": 30}
+        assert cursor_position(latest, "items") == 30
     # One identity per map index, and none for the unmapped task.
     unmapped = checkpoints(dag_file.dag_id, "shard_work", run_id=run.run_id, map_index=-1)
     assert unmapped.head() is None

@@ -63,14 +63,14 @@ def test_value_must_stay_json(tmp_path: Path) -> None:
 
 def test_two_loops_keep_separate_cursors(tmp_path: Path) -> None:
     state, _ = open_state(tmp_path, every=1)
-    list(state.resume(range(3), key="download"))
+    list(state.resume(range(3), cursor="download"))
     with pytest.raises(RuntimeError):
-        for item in state.resume(range(10), key="parse"):
+        for item in state.resume(range(10), cursor="parse"):
             if item == 4:
                 raise RuntimeError("crash")
     again, _ = open_state(tmp_path, every=1)
-    assert list(again.resume(range(3), key="download")) == []
-    assert next(iter(again.resume(range(10), key="parse"))) == 4
+    assert list(again.resume(range(3), cursor="download")) == []
+    assert next(iter(again.resume(range(10), cursor="parse"))) == 4
 
 
 def test_a_new_run_of_a_named_identity_keeps_the_value_but_not_the_position(tmp_path: Path) -> None:

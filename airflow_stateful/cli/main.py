@@ -36,6 +36,7 @@ from airflow_stateful.core import config
 from airflow_stateful.core.airflow_runs import RunStates
 from airflow_stateful.core.catalog import list_identities
 from airflow_stateful.core.checkpoint_store import CheckpointStore
+from airflow_stateful.core.cursors import cursors_to_json, describe_cursors, read_cursors
 from airflow_stateful.core.durations import parse_duration
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
@@ -254,6 +255,9 @@ def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
     head = cs.head()
     assert head is not None
     latest = cs.latest()
+    cursors, cursor_error = (
+        read_cursors(latest.extra, what=f"checkpoint {latest.seq}") if latest else ({}, None)
+    )
     lease = head.lease
     info = {
         "identity": cs.identity.key,
@@ -282,6 +286,8 @@ def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
             "writer": latest.writer.to_json(),
             "code": latest.code.to_json() if latest.code else None,
             "files": [{"path": f.path, "size": f.size, "objects": len(f.keys)} for f in cs.files(latest)],
+            "cursors": cursors_to_json(cursors),
+            **({"cursors_error": cursor_error} if cursor_error else {}),
             "value": latest.value if latest.value_codec == "json" else f"<{latest.value_codec}>",
         },
     }
@@ -303,6 +309,7 @@ def _cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
             )
             if latest.code is not None:
                 print(f"code:      {latest.code.describe()}")
+            print(f"cursors:   {cursor_error or describe_cursors(cursors)}")
             print(f"value:     {json.dumps(info['latest']['value'], default=str)[:200]}")  # type: ignore[index]
     return EXIT_OK
 
@@ -311,7 +318,9 @@ def _cmd_history(args: argparse.Namespace, store: ObjectStore) -> int:
     cs = checkpoints_of(store, args.identity)
     rows = []
     for entry in cs.history():
-        writer = cs.get(entry.seq).writer
+        manifest = cs.get(entry.seq)
+        writer = manifest.writer
+        cursors, cursor_error = read_cursors(manifest.extra, what=f"checkpoint {entry.seq}")
         rows.append(
             {
                 "seq": entry.seq,
@@ -321,15 +330,15 @@ def _cmd_history(args: argparse.Namespace, store: ObjectStore) -> int:
                 "files": entry.file_count,
                 "bytes": entry.total_size,
                 "writer": writer.describe(),
+                "cursors": cursors_to_json(cursors) if args.json else describe_cursors(cursors),
                 "pinned": "pinned" if entry.pinned is not None else None,
                 "pin": entry.pinned.to_json() if entry.pinned is not None else None,
             }
         )
-    emit(
-        rows,
-        ["seq", "created_at", "schema", "epoch", "files", "bytes", "writer", "pinned"],
-        as_json=args.json,
-    )
+        if cursor_error:  # a malformed record is shown as such, never taken for "no cursors"
+            rows[-1].update(cursors=None if args.json else "unreadable", cursors_error=cursor_error)
+    columns = ["seq", "created_at", "schema", "epoch", "files", "bytes", "writer", "pinned", "cursors"]
+    emit(rows, columns, as_json=args.json)
     return EXIT_OK
 
 

@@ -84,6 +84,10 @@ class CodeChangedError(IncompatibleStateError):
     """The checkpoint to resume was written by other code and the task said ``on_code_change="fail"``."""
 
 
+class CursorMismatchError(IncompatibleStateError):
+    """A ``resume()`` loop's iterable no longer matches its stored cursor (other first items, a missing key)."""
+
+
 class MigrationError(StatefulError):
     """A migration function failed or returned nothing."""
 

@@ -12,7 +12,9 @@ Which stops use a retry:
 * SIGTERM (a worker shutting down or draining, a pod being evicted): Airflow calls ``on_kill``; the next
   ``resume()`` step or ``save()`` commits and the try ends by *rescheduling*, which does not use a retry;
 * the task instance is marked failed or cleared in Airflow: Airflow has already decided the try's fate and
-  kills the process a few seconds after SIGTERM; whatever was committed until then stays.
+  kills the process a few seconds after SIGTERM; whatever was committed until then stays;
+* a ``resume()`` loop whose iterable changed under its cursor (``CursorMismatchError``): the try fails
+  *without* a retry, which would meet the same iterable; its message says what changed and what to do.
 
 A save running in the background (``state.save(..., wait=False)``) is always waited for before the session
 closes: when the code returns (its error then fails the try), on a stop, and when the code raised.
@@ -31,8 +33,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_stateful.compat import AirflowFailException
 from airflow_stateful.core.chunk_cache import LocalChunkCache, restore_cache_for
-from airflow_stateful.core.errors import InvalidValueError, StopRequested
+from airflow_stateful.core.errors import CursorMismatchError, InvalidValueError, StopRequested
 from airflow_stateful.core.placement import warmth
 from airflow_stateful.core.session import WriterSession, describe_checkpoint
 from airflow_stateful.operators.mixin import STATEFUL_TEMPLATE_FIELDS, StatefulMixin, check_choice
@@ -132,6 +135,11 @@ class StatefulOperator(StatefulMixin, BaseOperator):
                     rescheduled = self.reschedule(stop)
                     self.record_end(session, context, rescheduled)
                     raise rescheduled from stop
+                except CursorMismatchError as exc:  # a retry of this code would meet the same iterable
+                    _settle_background_save(state)
+                    failed = AirflowFailException(str(exc))
+                    self.record_end(session, context, failed)
+                    raise failed from exc
                 except BaseException as exc:
                     _settle_background_save(state)
                     self.record_end(session, context, exc)

@@ -7,8 +7,8 @@ and dark schemes of the page).
 
 What is drawn, from the head record and the manifests of its kept checkpoints only:
 
-* x: when each checkpoint was committed (UTC); y: the items done, the sum of its ``resume()`` cursors
-  (``extra["cursors"]``), or the checkpoint's number when no kept checkpoint has cursors;
+* x: when each checkpoint was committed (UTC); y: the items done, the sum of its ``resume()`` cursors'
+  positions (``extra["cursors"]``, :mod:`airflow_stateful.core.cursors`), or the checkpoint's number when no kept checkpoint has cursors;
 * one series (colour and marker shape) per try (``writer.try_number``; per epoch for writers outside Airflow);
 * a dashed vertical line where a new lease (a retry, or a rescheduled try) committed its first kept checkpoint,
   having resumed from the checkpoint before it;
@@ -48,7 +48,7 @@ class Point:
     at: float
     epoch: int
     try_number: int | None
-    #: the sum of its resume() cursors; None when it has none
+    #: the sum of its resume() cursors' positions; None when it has none
     items: int | None
 
 
@@ -286,7 +286,7 @@ def build_chart(points: Sequence[Point], *, lease: LeaseMarks | None = None) -> 
                 x_of(p.at),
                 y_of(value(p)),
                 f"#{p.seq}, {label}, epoch {p.epoch}, {_when(p.at, '%Y-%m-%d %H:%M:%S')} UTC"
-                + (f", {p.items:,} items done" if by_items else ""),
+                + (f", {p.items:,} items done" if p.items is not None else ""),
             )
             for p in mine
         ]

@@ -27,6 +27,8 @@ from urllib.parse import quote
 
 from airflow_stateful.core.catalog import HeadRead, list_identities, ordered_map, read_head, read_heads
 from airflow_stateful.core.checkpoint_store import CheckpointStore
+from airflow_stateful.core.cursors import cursor_rows, cursors_to_json, read_cursors
+from airflow_stateful.core.cursors import items_done as cursors_items_done
 from airflow_stateful.core.identity import NAMED_SCOPE, Identity, encode_segment
 from airflow_stateful.core.progress import human_bytes
 from airflow_stateful.core.records import CheckpointEntry, HeadRecord, Manifest, parse_iso
@@ -44,6 +46,8 @@ MANIFEST_READERS = 4
 MAX_NAMED = 50
 """Named identities of one task examined for a run."""
 MAX_CURSOR = 1 << 53
+CURSOR_SHOWN = 80
+"""Characters of a cursor's name or last key the page shows (the JSON answer has them whole)."""
 SHA_SHOWN = 12
 
 
@@ -84,21 +88,37 @@ class Budget:
 
 
 def items_done(manifest: Manifest) -> int | None:
-    """The sum of the ``resume()`` cursors a checkpoint records (items finished), or None without cursors."""
-    cursors = manifest.extra.get("cursors")
-    if not isinstance(cursors, dict) or not cursors:
-        return None
-    values = [v for v in cursors.values() if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
-    if len(values) != len(cursors):
-        return None
-    return min(sum(values), MAX_CURSOR)
+    """The sum of the positions of the ``resume()`` cursors a checkpoint records (items finished), or None
+    without cursors (or with malformed ones)."""
+    cursors, _ = read_cursors(manifest.extra, what=f"checkpoint {manifest.seq}")
+    done = cursors_items_done(cursors)
+    return None if done is None else min(done, MAX_CURSOR)
 
 
-def _cursors(manifest: Manifest) -> dict[str, int] | None:
-    cursors = manifest.extra.get("cursors")
-    if items_done(manifest) is None or not isinstance(cursors, dict):
-        return None
-    return {str(k)[:200]: int(v) for k, v in list(cursors.items())[:50]}
+def _cursors(manifest: Manifest) -> tuple[dict[str, Any] | None, list[dict[str, str]], str | None]:
+    """A checkpoint's cursors for the JSON answer, for the page (strings, capped), and why they are not shown.
+
+    Parsed like every stored record (typed, bounded: at most 50 cursors, keys of at most 1,000 characters);
+    the page shows names and keys cut to :data:`CURSOR_SHOWN` characters, as text.
+    """
+    cursors, error = read_cursors(manifest.extra, what=f"checkpoint {manifest.seq}")
+    if error is not None:
+        return None, [], error
+    if not cursors:
+        return None, [], None
+    shown = [
+        {
+            "name": _cut(row["name"]),
+            "position": f"{row['position']:,}",
+            "last": "" if row["last_key"] is None else _cut(repr(row["last_key"])),
+        }
+        for row in cursor_rows(cursors)
+    ]
+    return cursors_to_json(cursors), shown, None
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= CURSOR_SHOWN else text[: CURSOR_SHOWN - 1] + "…"
 
 
 def ti_path(root: str, dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
@@ -305,18 +325,21 @@ def _head_view(
         if isinstance(manifest, Manifest):
             items = items_done(manifest)
             writer = manifest.writer
+            cursors, cursor_cells, cursor_error = _cursors(manifest)
             row.update(
                 try_number=writer.try_number,
                 run_id=writer.run_id,
                 writer=writer.describe(),
                 items_done=items,
-                cursors=_cursors(manifest),
+                cursors=cursors,
                 manifest="read",
             )
             shown.update(
                 try_="—" if writer.try_number is None else str(writer.try_number),
                 done="—" if items is None else f"{items:,}",
                 writer=writer.pod or writer.host or "—",
+                cursors=cursor_cells,
+                cursor_note=cursor_error or "",
                 note="",
             )
             points.append(
@@ -332,7 +355,7 @@ def _head_view(
                 newest_manifest = manifest
         else:
             row.update(try_number=None, items_done=None, manifest=manifest)
-            shown.update(try_="—", done="—", writer="—", note=manifest)
+            shown.update(try_="—", done="—", writer="—", cursors=[], cursor_note="", note=manifest)
         history.append((row, shown))
     body["checkpoints"] = [row for row, _ in reversed(history)]
     cells["history"] = [shown for _, shown in reversed(history)]
