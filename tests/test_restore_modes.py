@@ -382,7 +382,9 @@ def test_restore_output_applies_the_mode_to_the_outputs_own_path(store: ObjectSt
         cs.restore_output("model", out, mode="empty")
     result = cs.restore_output("report.csv", out, mode="exact")
     assert read_tree(out)["report.csv"] == b"a,b\n" and read_tree(out)["mine.txt"] == b"not the output's"
-    assert result.mode == "exact" and list(result) == [out / "report.csv"]
+    assert (
+        result.mode == "exact" and list(result) == [out / "report.csv"] and result.dest == out / "report.csv"
+    )
     with pytest.raises(DestinationNotEmptyError, match="already exists"):
         cs.restore_output("report.csv", out, mode="empty")
     fresh = tmp_path / "fresh"

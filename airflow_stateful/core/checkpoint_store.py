@@ -624,7 +624,7 @@ class CheckpointStore:
         result = restore_tree_files(
             self, placed, dest, where=label, label=label, seq=manifest.seq, mode=MERGE, what=what, cache=cache
         )
-        return replace(result, mode=mode)
+        return replace(result, mode=mode, dest=target)
 
     def _outputs_base(self, head: HeadRecord, *known: Manifest | None) -> Manifest | None:
         """The newest checkpoint's manifest, whose outputs a commit carries over; ``None`` if it has none.

@@ -34,6 +34,7 @@ MODES = (EXACT, MERGE, EMPTY)
 STAGING_PREFIX = ".stateful-restore-"
 """Name prefix of the staging directory a restore builds inside its destination."""
 
+
 def ours(name: str) -> bool:
     """Whether ``name``, at the top of a destination, is one of the library's working directories."""
     return name.startswith(STAGING_PREFIX) or name == STAGING_DIRNAME
