@@ -76,6 +76,7 @@ from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.outputs import OutputInfo
 from airflow_stateful.core.progress import human_bytes
 from airflow_stateful.core.records import CheckpointEntry, Manifest, WriterInfo
+from airflow_stateful.core.restore_modes import RestoreResult
 from airflow_stateful.core.resume import ON_CHANGE, Walk
 from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.snapshot import FileSnapshot, snapshot_files, snapshot_value
@@ -535,20 +536,24 @@ class TaskState:
         saved = read_cursors(latest.extra, what=f"checkpoint {latest.seq}")[0] if latest else {}
         return saved.get(name) == cursor
 
-    def restore_files(self, dest: str | Path) -> list[Path]:
-        """Restore the files of the newest checkpoint into directory ``dest``, verified; ``[]`` if none.
+    def restore_files(self, dest: str | Path, *, mode: str = "exact") -> RestoreResult:
+        """Restore the files of the newest checkpoint into directory ``dest``, verified; what it did, also logged.
+
+        ``mode="exact"`` (default): afterwards ``dest`` holds exactly the checkpoint's files; what it does not
+        have (a killed try's part files) is removed within the same all-or-nothing swap. ``mode="merge"``
+        replaces same-named files and keeps the others; ``mode="empty"`` refuses a ``dest`` that is not missing
+        or empty. With no checkpoint yet (or one without files) ``dest`` is left alone and the result is false,
+        so ``if not state.restore_files(d)`` means "nothing to resume from".
 
         Waits for a background save in flight first (and raises its error), so "newest" includes it. Chunks
         found in the worker's restore cache (verified against the checkpoint's SHA-256) are not downloaded.
         """
         self.wait_for_save()
         latest, cache = self._latest, self._restore_cache
-        if cache is None:
-            return self._session.restore_files(dest, latest)
-        if latest is None or not latest.has_files:
-            return []
+        if cache is None or latest is None or not latest.has_files:
+            return self._session.restore_files(dest, latest, mode=mode)
         before = cache.stats
-        restored = self._session.checkpoints.restore_files(latest, dest, cache=cache)
+        restored = self._session.restore_files(dest, latest, mode=mode, cache=cache)
         _log_cache_use(cache, before, latest)
         return restored
 

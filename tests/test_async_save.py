@@ -132,7 +132,7 @@ def test_a_single_file_is_snapshotted_under_its_own_name(backend: dict[str, Any]
         model.write_bytes(b"weights written after the call")
         pending.wait()
         restored = tmp_path / "restored"
-        assert state.restore_files(restored) == [restored / "model.pt"]
+        assert list(state.restore_files(restored)) == [restored / "model.pt"]
     finally:
         close(state, session)
     assert (restored / "model.pt").read_bytes() == b"weights at the call"

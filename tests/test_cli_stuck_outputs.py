@@ -114,7 +114,17 @@ def test_ls_shows_each_identitys_status_and_filters_by_it(
     code, out, _ = cli(capsys, url, "ls")
     assert code == 0
     header, *lines = out.splitlines()
-    assert header.split() == ["IDENTITY", "SEQ", "KEPT", "BYTES", "EPOCH", "LEASE", "STATUS", "UPDATED"]
+    assert header.split() == [
+        "IDENTITY",
+        "SEQ",
+        "KEPT",
+        "BYTES",
+        "EPOCH",
+        "LEASE",
+        "STATUS",
+        "OUTCOME",
+        "UPDATED",
+    ]
     status_column = {line.split()[0]: line for line in lines}
     assert " stuck " in status_column[STUCK.key] and " dead " in status_column[DEAD.key]
 

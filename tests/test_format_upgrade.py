@@ -241,4 +241,6 @@ def test_a_release_that_reads_only_format_2_refuses_a_head_with_outputs_and_its_
     assert result["gc"] == "ran" or result["gc"].startswith("FormatVersionError"), result["gc"]
     assert result["deleted"] == [] and {info.key for info in store.list_objects("")} == before
     out = tmp_path / "out"
-    assert CheckpointStore(store=store, identity=IDENTITY).restore_output("report", out) == [out / "report"]
+    assert list(CheckpointStore(store=store, identity=IDENTITY).restore_output("report", out)) == [
+        out / "report"
+    ]

@@ -3,8 +3,9 @@
 Real processes SIGKILLed at random moments (seeded) on the local store and on S3 over HTTP (a serialized moto
 server on 127.0.0.1); after each kill a fresh reader must find the latest checkpoint whole and verified, not
 older than the last acknowledged commit, with no missing reference; a killed restore must leave its
-destination exactly as before or complete. The last tests show that those checks do fail when what they
-guard is broken (a lost acknowledged commit, a corrupt chunk, a destination left half restored).
+destination exactly as before (its extra file included) or complete (exactly the checkpoint's files). The last tests show that those checks do fail when what they
+guard is broken (a lost acknowledged commit, a corrupt chunk, a destination left half restored, an exact
+restore that kept a file the checkpoint does not have).
 """
 
 from __future__ import annotations
@@ -128,4 +129,22 @@ def test_the_restore_check_catches_a_destination_left_half_restored(
     soak.restore_round(0)
     assert soak.tally.outcome_mixed == 1
     assert any("neither as before nor complete" in v for v in soak.tally.violations)
+    shutil.rmtree(soak.run_dir / "restore-0", ignore_errors=True)
+
+
+def test_the_restore_check_catches_an_exact_restore_that_keeps_a_file_not_in_the_checkpoint(
+    soak: Soak, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The soak's restores are exact: one that left the user's extra file beside the checkpoint's (what a merge
+    does) is a violation."""
+    real = CheckpointStore.restore_files
+
+    def merge_instead(self: CheckpointStore, manifest: Any, dest: Any, **kwargs: Any) -> Any:
+        return real(self, manifest, dest, **{**kwargs, "mode": "merge"})
+
+    monkeypatch.setattr(CheckpointStore, "restore_files", merge_instead)
+    soak.restore_round(0)
+    assert any("an uninterrupted restore" in v and kill_soak.USER_FILE in v for v in soak.tally.violations), (
+        soak.tally.violations
+    )
     shutil.rmtree(soak.run_dir / "restore-0", ignore_errors=True)

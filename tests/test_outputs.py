@@ -82,7 +82,7 @@ def test_an_output_is_invisible_until_the_commit_then_listed_with_its_hash(
     assert info.location.startswith(store.url.rstrip("/")) and info.location.endswith("#daily-report")
 
     dest = tmp_path / "fetched"
-    assert reader(store).restore_output("daily-report", dest) == [dest / "daily-report"]
+    assert list(reader(store).restore_output("daily-report", dest)) == [dest / "daily-report"]
     assert (dest / "daily-report").read_bytes() == expected
     session.close()
 

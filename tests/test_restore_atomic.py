@@ -4,7 +4,9 @@ Every file is downloaded and verified in a staging directory first; only then ar
 destination, one rename each. These tests kill a real child process (``os._exit``, the same as SIGKILL: no
 ``finally`` runs) at every one of those renames in turn, then check that the next restore's recovery puts
 the destination back exactly as it was, byte for byte; and that a move failing in-process is undone at once.
-The only thing replaced is ``Path.replace`` in the child, to choose the moment of death deterministically.
+In mode ``"exact"`` the file the checkpoint does not have is moved out by one of those renames: a kill puts it
+back too. The only thing replaced is ``Path.replace`` in the child, to choose the moment of death
+deterministically.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def listing(root: Path) -> dict[str, bytes | None]:
     }
 
 
-def _die_at(n: int, dest: str, store_root: str) -> None:
+def _die_at(n: int, dest: str, store_root: str, mode: str) -> None:
     calls = 0
     real = Path.replace
 
@@ -58,12 +60,20 @@ def _die_at(n: int, dest: str, store_root: str) -> None:
         cs = CheckpointStore(store=store, identity=IDENTITY)
         latest = cs.latest()
         assert latest is not None
-        cs.restore_files(latest, dest)
+        cs.restore_files(latest, dest, mode=mode)
     os._exit(0)
 
 
+@pytest.mark.parametrize(
+    ("mode", "complete", "renames"),
+    [
+        # keep.txt is not in the checkpoint: merge keeps it; exact moves it out (one more rename to die at).
+        ("merge", {**BEFORE, **SAVED}, 6),
+        ("exact", SAVED, 7),
+    ],
+)
 def test_a_restore_killed_at_any_rename_is_undone_by_the_next_one(
-    checkpoint: CheckpointStore, tmp_path: Path
+    checkpoint: CheckpointStore, tmp_path: Path, mode: str, complete: dict[str, bytes], renames: int
 ) -> None:
     latest = checkpoint.latest()
     assert latest is not None
@@ -72,7 +82,7 @@ def test_a_restore_killed_at_any_rename_is_undone_by_the_next_one(
     for n in range(1, 20):
         dest = tree(tmp_path / f"dest{n}", BEFORE)
         before = listing(dest)
-        child = context.Process(target=_die_at, args=(n, str(dest), str(tmp_path / "state")))
+        child = context.Process(target=_die_at, args=(n, str(dest), str(tmp_path / "state"), mode))
         child.start()
         child.join(60)
         assert child.exitcode in (0, 137), child.exitcode
@@ -83,11 +93,11 @@ def test_a_restore_killed_at_any_rename_is_undone_by_the_next_one(
         assert recover_interrupted(dest) is True
         assert listing(dest) == before, f"killed at rename {n}: the destination is a mix"
         # ... and a restore after the crash completes.
-        checkpoint.restore_files(latest, dest)
-        assert read_tree(dest) == {**BEFORE, **SAVED}
+        checkpoint.restore_files(latest, dest, mode=mode)
+        assert read_tree(dest) == complete
         assert not any(p.name.startswith(STAGING_PREFIX) for p in dest.iterdir())
-    # 4 files, 2 of them replacing an existing one: 6 renames, each a moment to die at.
-    assert renames_seen == 6
+    # 4 files, 2 of them replacing an existing one: 6 renames, each a moment to die at (+1 for exact's move).
+    assert renames_seen == renames
 
 
 def test_a_move_that_fails_is_undone_before_the_error_reaches_the_task(
@@ -134,8 +144,9 @@ def test_restoring_a_checkpoint_without_files_changes_nothing(tmp_path: Path) ->
         latest = cs.latest()
         assert latest is not None
         dest = tree(tmp_path / "dest", BEFORE)
-        assert cs.restore_files(latest, dest) == []
-        assert listing(dest) == {**BEFORE, "sub": None}
+        result = cs.restore_files(latest, dest)
+        assert not result and result.files == [] and result.untouched
+        assert listing(dest) == {**BEFORE, "sub": None}, "exact never empties a directory for a file-less one"
 
 
 def _die_while_cleaning_up(dest: str, store_root: str) -> None:
@@ -172,5 +183,5 @@ def test_a_restore_killed_while_cleaning_up_is_never_rolled_back_without_its_bac
     child.join(60)
     assert child.exitcode == 137
     recover_interrupted(dest)
-    assert read_tree(dest) == {**BEFORE, **SAVED}
+    assert read_tree(dest) == SAVED  # exact (the default): keep.txt, not in the checkpoint, went too
     assert not any(p.name.startswith(STAGING_PREFIX) for p in dest.iterdir())

@@ -2,7 +2,8 @@
 
 Exit codes scripts can rely on: 0 success; 1 a problem was found (``verify`` saw corruption, ``ls``/``du`` a
 head they could not read, ``outputs --get`` a download that does not match its recorded SHA-256); 2 bad usage or
-configuration; 3 refused because of a lease (a live writer holds the identity; ``--force`` overrides);
+configuration, or a restore (``cat --files``, ``outputs --get``) refused because its destination is not empty
+(the default ``--mode empty``; choose ``--mode exact`` or ``--mode merge``); 3 refused because of a lease (a live writer holds the identity; ``--force`` overrides);
 4 no such identity, checkpoint or output.
 
 ``stuck`` is made for cron and monitoring: 0 nothing is stuck; 1 at least one identity is stuck (alive, renewing
@@ -20,6 +21,7 @@ the Airflow installation. S3 credentials and endpoint come from the Airflow conn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -42,6 +44,7 @@ from airflow_stateful.core.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
     ConfigurationError,
+    DestinationNotEmptyError,
     FencedError,
     LeaseHeldError,
     StatefulError,
@@ -52,6 +55,7 @@ from airflow_stateful.core.item_progress import ItemProgress
 from airflow_stateful.core.lifetimes import Lifetimes, judge
 from airflow_stateful.core.outputs import OutputInfo, check_output_name, content_sha256
 from airflow_stateful.core.records import HeadRecord, Manifest, WriterInfo
+from airflow_stateful.core.restore_modes import EMPTY, MODES, refusal
 from airflow_stateful.core.status import STATUSES, WorkStatus
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stuck import IdentityStatus, find_stuck, identity_statuses
@@ -222,7 +226,9 @@ def _get_output(
             f"checkpoint {manifest.seq} of {cs.identity} has no output {name!r}; its outputs: {have}"
         )
     dest = Path(args.to)
-    written = cs.restore_output(name, dest, manifest=manifest)
+    with _mode_hint():
+        written = cs.restore_output(name, dest, manifest=manifest, mode=args.mode)
+    print(written.describe(), file=sys.stderr)
     target = dest / name
     if info.kind == "directory":
         target.mkdir(parents=True, exist_ok=True)  # an empty directory output has no file to create it
@@ -236,7 +242,12 @@ def _get_output(
             f"{manifest.seq} recorded: do not use it"
         )
     if args.json:
-        print(json.dumps({**info.to_json(), "path": str(target), "files": len(written)}, indent=2))
+        restore = written.to_json()
+        print(
+            json.dumps(
+                {**info.to_json(), "path": str(target), "files": len(written), "restore": restore}, indent=2
+            )
+        )
     else:
         print(target)
     return EXIT_OK
@@ -347,14 +358,31 @@ def _cmd_cat(args: argparse.Namespace, store: ObjectStore) -> int:
     manifest = cs.get(args.seq) if args.seq is not None else cs.latest()
     if manifest is None:
         raise CheckpointNotFoundError(f"identity {args.identity!r} has no checkpoint yet")
-    print(json.dumps(manifest.value, indent=2, default=str))
-    if args.files:
-        restored = cs.restore_files(manifest, args.files)
-        print(
-            f"restored {len(restored)} file(s) of checkpoint {manifest.seq} into {args.files}",
-            file=sys.stderr,
-        )
+    if not args.files:
+        print(json.dumps(manifest.value, indent=2, default=str))
+        return EXIT_OK
+    with _mode_hint():
+        restored = cs.restore_files(manifest, args.files, mode=args.mode)
+    if args.json:
+        print(json.dumps({"value": manifest.value, "restore": restored.to_json()}, indent=2, default=str))
+    else:
+        print(json.dumps(manifest.value, indent=2, default=str))
+    print(restored.describe(), file=sys.stderr)
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _mode_hint() -> Iterator[None]:
+    """A restore that mode "empty" refused says how to choose another mode here: with ``--mode``."""
+    try:
+        yield
+    except DestinationNotEmptyError as exc:
+        raise ValueError(
+            f"{refusal(Path(str(exc.dest)), exc.names)}; nothing was restored (the default --mode empty never "
+            "touches files that are already there). Pass --mode exact to make it hold exactly the checkpoint's "
+            "files (the others are removed) or --mode merge to replace same-named files and keep the others, "
+            "or choose an empty directory."
+        ) from exc
 
 
 def _cmd_rollback(args: argparse.Namespace, store: ObjectStore) -> int:
@@ -654,6 +682,17 @@ def _add_lifetimes(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_restore_mode(p: argparse.ArgumentParser, dest: str) -> None:
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default=EMPTY,
+        help=f"what the restore does with what {dest} already holds: empty (default: refuse unless {dest} is "
+        f"missing or empty, so your files are never deleted unasked), exact ({dest} ends holding exactly the "
+        "checkpoint's files: the others are removed), merge (replace same-named files, keep the others)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -708,6 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--get", metavar="NAME", help="download this output (verified) to DIR/NAME; print the path"
     )
     p.add_argument("--to", type=Path, metavar="DIR", help="where --get puts the output")
+    _add_restore_mode(p, "DIR/NAME")
     p.set_defaults(run=_cmd_outputs)
     for name, fn, text in (
         ("show", _cmd_show, "an identity's head and latest checkpoint"),
@@ -716,10 +756,18 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=text)
         p.add_argument("identity")
         p.set_defaults(run=fn)
-    p = sub.add_parser("cat", parents=[common], help="print a checkpoint's value (and restore its files)")
+    p = sub.add_parser(
+        "cat",
+        parents=[common],
+        help="print a checkpoint's value (and restore its files)",
+        description="Print a checkpoint's value as JSON; with --files DEST also restore its files into DEST "
+        '(verified, all or nothing). With --json and --files the JSON is {"value": ..., "restore": '
+        "{files, removed, mode, ...}}.",
+    )
     p.add_argument("identity")
     p.add_argument("--seq", type=int)
-    p.add_argument("--files", type=Path, metavar="DEST")
+    p.add_argument("--files", type=Path, metavar="DEST", help="restore the checkpoint's files into DEST")
+    _add_restore_mode(p, "DEST")
     p.set_defaults(run=_cmd_cat)
     p = sub.add_parser(
         "rollback", parents=[common], help="commit a copy of an older checkpoint as the newest"

@@ -13,6 +13,7 @@ from airflow_stateful.client.pod import EXIT_CONFIG, EXIT_FENCED, pod_session, r
 from airflow_stateful.client.settings import PodSettings
 from airflow_stateful.core.durations import positive_duration
 from airflow_stateful.core.errors import FencedError, StatefulError
+from airflow_stateful.core.restore_modes import EXACT, MODES
 
 
 def seconds(text: str) -> float:
@@ -23,14 +24,28 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _add_mode(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default=EXACT,
+        help="what the restore does with what DIR already holds: exact (default: DIR ends holding exactly the "
+        "checkpoint's files, the others removed), merge (replace same-named files, keep the others), empty "
+        "(refuse unless DIR is missing or empty)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m airflow_stateful.client", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True)
-    sub.add_parser("restore", help="restore the latest checkpoint into DIR").add_argument("dir", type=Path)
+    restore_p = sub.add_parser("restore", help="restore the latest checkpoint into DIR")
+    restore_p.add_argument("dir", type=Path)
+    _add_mode(restore_p)
     sub.add_parser("save", help="commit DIR as a checkpoint").add_argument("dir", type=Path)
     run_p = sub.add_parser("run", help="restore, run a command, save periodically and on exit")
     run_p.add_argument("--dir", type=Path, required=True)
     run_p.add_argument("--every", type=seconds, default=seconds("5m"))
+    _add_mode(run_p)
     run_p.add_argument("command", nargs=argparse.REMAINDER)
     side = sub.add_parser("sidecar", help="renew the lease and save DIR periodically and on SIGTERM")
     side.add_argument("--dir", type=Path, required=True)
@@ -45,7 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = PodSettings.from_env()
         if args.verb in ("restore", "save"):
             with pod_session(settings, heartbeat=False) as session:
-                (restore if args.verb == "restore" else save)(session, args.dir)
+                if args.verb == "restore":
+                    restore(session, args.dir, mode=args.mode)
+                else:
+                    save(session, args.dir)
             return 0
         if args.verb == "sidecar":
             return sidecar(settings, args.dir, every=args.every)
@@ -53,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not command:
             print("run needs a command after --", file=sys.stderr)
             return EXIT_CONFIG
-        return run(settings, args.dir, command, every=args.every)
+        return run(settings, args.dir, command, every=args.every, mode=args.mode)
     except FencedError as exc:
         logging.getLogger("airflow_stateful.client").error("FENCED: %s", exc)
         return EXIT_FENCED

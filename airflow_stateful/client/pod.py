@@ -37,6 +37,7 @@ from airflow_stateful.core.chunk_cache import CacheStats, LocalChunkCache
 from airflow_stateful.core.errors import FencedError
 from airflow_stateful.core.progress import human_bytes
 from airflow_stateful.core.records import Manifest, WriterInfo
+from airflow_stateful.core.restore_modes import EXACT
 from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.stores.registry import store_from_url
 
@@ -121,28 +122,32 @@ def _log_cache_use(cache: LocalChunkCache, before: CacheStats, manifest: Manifes
     )
 
 
-def restore(session: WriterSession, directory: Path) -> Manifest | None:
-    """Bring the latest checkpoint's files into ``directory`` and its value into ``<directory>/.stateful-value.json``."""
+def restore(session: WriterSession, directory: Path, *, mode: str = EXACT) -> Manifest | None:
+    """Bring the latest checkpoint's files into ``directory`` and its value into ``<directory>/.stateful-value.json``.
+
+    ``mode="exact"`` (default): the pod owns its work directory, so afterwards it holds exactly the checkpoint's
+    files (and the value file); what a killed pod left beside them is removed within the same all-or-nothing
+    swap. ``"merge"`` and ``"empty"`` as for :meth:`~airflow_stateful.core.session.WriterSession.restore_files`.
+    The result's line is logged (also "no checkpoint yet", when ``directory`` is left as it was)."""
     latest = session.latest
     directory.mkdir(parents=True, exist_ok=True)
+    cache = _cache_of(session) if latest is not None and latest.has_files else None
+    before = cache.stats if cache is not None else None
+    result = session.restore_files(directory, mode=mode, cache=cache)
     if latest is None:
         log.info("no checkpoint for %s: starting fresh", session.identity)
         return None
-    cache = _cache_of(session)
-    if cache is not None and latest.has_files:
-        before = cache.stats
-        restored = session.checkpoints.restore_files(latest, directory, cache=cache)
+    if cache is not None and before is not None:
         _log_cache_use(cache, before, latest, session.writer)
-    else:
-        restored = session.restore_files(directory)
     (directory / VALUE_FILE).write_text(json.dumps(session.value))
     log.info(
-        "restored checkpoint %d of %s (written by %s at %s): %d file(s)",
+        "restored checkpoint %d of %s (written by %s at %s): %d file(s)%s",
         latest.seq,
         session.identity,
         latest.writer.describe(),
         latest.created_at,
-        len(restored),
+        len(result),
+        f", {len(result.removed)} not in it removed" if result.removed else "",
     )
     return latest
 
@@ -198,15 +203,18 @@ def _stop_signals() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-def run(settings: PodSettings, directory: Path, command: Sequence[str], *, every: float) -> int:
-    """Restore, run ``command``, save every ``every`` seconds, on its exit and on SIGTERM; return its code.
+def run(
+    settings: PodSettings, directory: Path, command: Sequence[str], *, every: float, mode: str = EXACT
+) -> int:
+    """Restore (in ``mode``), run ``command``, save every ``every`` seconds, on its exit and on SIGTERM; return
+    its code.
 
     SIGTERM and SIGINT are forwarded to the command; once it exits, the final save runs (within the pod's
     grace period). If the lease is lost (a save is fenced, or the heartbeat finds it taken over), the command
     is terminated at once and the exit code is 3.
     """
     with pod_session(settings, heartbeat=True) as session, _stop_signals() as stopping:
-        restore(session, directory)
+        restore(session, directory, mode=mode)
         child = subprocess.Popen(list(command))
         forwarded = False
         try:

@@ -48,7 +48,7 @@ from airflow_stateful.core.errors import (
     StoreError,
 )
 from airflow_stateful.core.file_index import FileIndex
-from airflow_stateful.core.files import LocalFile, collect_files
+from airflow_stateful.core.files import LocalFile, check_restore_directory, collect_files
 from airflow_stateful.core.head import HeadStore
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import (
@@ -90,6 +90,15 @@ from airflow_stateful.core.records import (
     utcnow_iso,
 )
 from airflow_stateful.core.restore import ChunkCache, restore_files, restore_tree_files
+from airflow_stateful.core.restore import prepare as restore_prepare
+from airflow_stateful.core.restore_modes import (
+    EMPTY,
+    EXACT,
+    MERGE,
+    RestoreResult,
+    check_mode,
+    refuse_unless_empty,
+)
 from airflow_stateful.core.retention import KeepLast, RetentionPolicy, references, unreferenced
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.transfer import upload_files
@@ -621,20 +630,56 @@ class CheckpointStore:
         dest: str | Path,
         *,
         manifest: Manifest | None = None,
+        mode: str = EXACT,
         cache: ChunkCache | None = None,
-    ) -> list[Path]:
+    ) -> RestoreResult:
         """Download committed output ``name`` to ``dest/<name>`` (a file, or a directory of its files), every chunk
-        verified, all or nothing; the paths written. Default: the output as the newest checkpoint has it."""
+        verified, all or nothing; what it did. Default: the output as the newest checkpoint has it.
+
+        ``mode`` (as for :meth:`restore_files`) applies to the output's own path, never to the rest of ``dest``:
+        for a directory output ``dest/<name>`` ends holding exactly its files (``"exact"``) or is refused unless
+        missing or empty (``"empty"``); a file output replaces ``dest/<name>`` (``"exact"``, ``"merge"``) or is
+        refused if that exists (``"empty"``)."""
         check_output_name(name)
+        mode = check_mode(mode)
         manifest = manifest or self.latest()
         if manifest is None:
             raise CheckpointNotFoundError(f"identity {self.identity} has no checkpoint, so no outputs")
-        files = self.output_files(manifest, name)
-        placed = [
-            TreeFile(path=f"{name}/{f.path}" if f.path else name, size=f.size, chunks=f.chunks) for f in files
-        ]
+        record = manifest.outputs.get(name)
+        if record is None:
+            self.output_files(manifest, name)  # raises, naming the outputs it has
+        target = Path(dest) / name
         label = f"output {name!r} of {self.identity}"
-        return restore_tree_files(self, placed, dest, where=label, label=label, seq=manifest.seq, cache=cache)
+        what = f"output {name!r} of checkpoint"
+        if record is not None and record.kind == "directory":
+            # Restored into its own path, so the mode's check and exact's clean-up apply there and only there.
+            check_restore_directory(target)
+            restore_prepare(
+                target, mode
+            )  # before the outputs tree is read: "empty" refuses before any download
+            files = self.output_files(manifest, name)
+            return restore_tree_files(
+                self,
+                files,
+                target,
+                where=label,
+                label=label,
+                seq=manifest.seq,
+                mode=mode,
+                what=what,
+                cache=cache,
+            )
+        # A single file: "empty" refuses an existing one; otherwise it is replaced and nothing else in dest is
+        # touched (a merge of one file is exactly that).
+        restore_prepare(Path(dest), MERGE)
+        if mode == EMPTY:
+            refuse_unless_empty(target)
+        files = self.output_files(manifest, name)
+        placed = [TreeFile(path=name, size=f.size, chunks=f.chunks) for f in files]
+        result = restore_tree_files(
+            self, placed, dest, where=label, label=label, seq=manifest.seq, mode=MERGE, what=what, cache=cache
+        )
+        return replace(result, mode=mode, dest=target)
 
     def _outputs_base(self, head: HeadRecord, *known: Manifest | None) -> Manifest | None:
         """The newest checkpoint's manifest, whose outputs a commit carries over; ``None`` if it has none.
@@ -962,15 +1007,25 @@ class CheckpointStore:
         return tree
 
     def restore_files(
-        self, manifest: Manifest, dest: str | Path, *, cache: ChunkCache | None = None
-    ) -> list[Path]:
-        """Download a checkpoint's files into directory ``dest``, verified, all or nothing.
+        self,
+        manifest: Manifest,
+        dest: str | Path,
+        *,
+        mode: str = EXACT,
+        cache: ChunkCache | None = None,
+    ) -> RestoreResult:
+        """Download a checkpoint's files into directory ``dest``, verified, all or nothing; what it did.
 
         Files land in a staging directory first; only when every file is verified are they moved into
-        ``dest`` (existing files of the same name are replaced). On any error ``dest`` is left as it was.
-        ``cache`` may supply chunks without downloading them (verified like downloaded ones).
+        ``dest``. On any error (or a kill: the next restore undoes it) ``dest`` is left as it was. ``mode``
+        says what happens to what ``dest`` already holds (:mod:`airflow_stateful.core.restore_modes`):
+        ``"exact"`` (default) makes it hold exactly the checkpoint's files, the others moved out within the same
+        all-or-nothing swap; ``"merge"`` replaces same-named files and keeps the others; ``"empty"`` refuses a
+        ``dest`` that is not missing or empty (DestinationNotEmptyError, before anything is downloaded). A
+        checkpoint without files leaves ``dest`` alone. ``cache`` may supply chunks without downloading them
+        (verified like downloaded ones).
         """
-        return restore_files(self, manifest, dest, cache=cache)
+        return restore_files(self, manifest, dest, mode=mode, cache=cache)
 
     def verify(self, manifest: Manifest) -> None:
         """Read back every byte of a checkpoint and check every hash (chunks, or format-1 files); raise

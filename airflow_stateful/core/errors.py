@@ -24,6 +24,18 @@ class InvalidValueError(StatefulError, ValueError):
     """A checkpoint value or file argument cannot be stored (not JSON, not a file, ...)."""
 
 
+class DestinationNotEmptyError(InvalidValueError):
+    """A restore in mode ``"empty"`` found its destination holding files; nothing was downloaded or changed.
+
+    :attr:`dest` is the destination, :attr:`names` what is in it (sorted), so a front end can word its own hint.
+    """
+
+    def __init__(self, message: str, *, dest: object, names: list[str]) -> None:
+        super().__init__(message)
+        self.dest = dest
+        self.names = names
+
+
 class ObjectNotFoundError(StatefulError):
     """An object the protocol expects does not exist in the store."""
 

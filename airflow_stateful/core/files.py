@@ -166,6 +166,20 @@ def check_restore_targets(dest: Path, rels: Collection[PurePosixPath]) -> None:
             )
 
 
+def check_restore_directory(path: Path) -> None:
+    """Refuse a restore into ``path`` (a directory output's own path) when it is a link or a file: a restore
+    never writes through links, and a file there would stop it. Nothing has been changed when it raises."""
+    if path.is_symlink():
+        raise InvalidValueError(
+            f"{str(path)!r} is a symbolic link; a restore never writes through links. Remove it (nothing was "
+            "restored)."
+        )
+    if path.exists() and not path.is_dir():
+        raise InvalidValueError(
+            f"{str(path)!r} is a file where the checkpoint has a directory; remove it (nothing was restored)."
+        )
+
+
 def path_problem(rel: str) -> str | None:
     """Why a checkpoint may not record the relative path ``rel``, or ``None``.
 

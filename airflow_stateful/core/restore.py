@@ -4,6 +4,10 @@ Every file is assembled in a staging directory inside the destination (same file
 are renames): format-2 files chunk by chunk, each chunk checked against its SHA-256 and size; format-1 files
 object by object through the store's verifying download. Only when every file of the checkpoint is complete
 and verified are they moved into place; on any error the destination is left exactly as it was.
+
+What the destination already holds is handled by the restore's mode (:mod:`airflow_stateful.core.restore_modes`):
+in mode ``"exact"`` what the checkpoint does not have is moved aside within the same journaled swap, so a kill
+or an error puts it back too, and it is deleted only once the swap completed.
 """
 
 from __future__ import annotations
@@ -24,6 +28,15 @@ from airflow_stateful.core.errors import CheckpointCorruptError, ObjectNotFoundE
 from airflow_stateful.core.files import check_distinct_paths, check_restore_targets, safe_relative
 from airflow_stateful.core.progress import TransferProgress
 from airflow_stateful.core.records import Manifest, manifest_key
+from airflow_stateful.core.restore_modes import (
+    EMPTY,
+    EXACT,
+    STAGING_PREFIX,
+    RestoreResult,
+    check_mode,
+    not_in_checkpoint,
+    refuse_unless_empty,
+)
 from airflow_stateful.core.transfer import download_files
 from airflow_stateful.core.trees import ChunkRef, TreeFile
 
@@ -46,9 +59,22 @@ class ChunkCache:
 
 
 def restore_files(
-    checkpoints: CheckpointStore, manifest: Manifest, dest: str | Path, *, cache: ChunkCache | None = None
-) -> list[Path]:
-    """Download ``manifest``'s files into directory ``dest``, verified, all or nothing; the restored paths."""
+    checkpoints: CheckpointStore,
+    manifest: Manifest,
+    dest: str | Path,
+    *,
+    mode: str = EXACT,
+    cache: ChunkCache | None = None,
+) -> RestoreResult:
+    """Download ``manifest``'s files into directory ``dest``, verified, all or nothing, in restore ``mode``.
+
+    A checkpoint that carries no files (value only) leaves ``dest`` as it is in every mode: exact never empties
+    a directory because of a checkpoint that did not save one."""
+    mode = check_mode(mode)
+    dest = Path(dest)
+    prepare(dest, mode)  # before the tree is read: mode "empty" refuses before anything is downloaded
+    if not manifest.has_files:
+        return RestoreResult(dest=dest, mode=mode, seq=manifest.seq, untouched=True)
     where = manifest_key(checkpoints.identity.key, manifest.seq, manifest.commit_id)
     tree = checkpoints.tree(manifest)
     if tree is not None:
@@ -59,14 +85,24 @@ def restore_files(
             where=where,
             label=str(checkpoints.identity),
             seq=manifest.seq,
+            mode=mode,
             cache=cache,
         )
-    return _restore_legacy(checkpoints, manifest, Path(dest), where=where)
+    return _restore_legacy(checkpoints, manifest, dest, where=where, mode=mode)
+
+
+def prepare(dest: Path, mode: str) -> None:
+    """What a restore checks before it reads anything: an interrupted restore into ``dest`` is undone first
+    (its rollback may bring files back), then mode ``"empty"`` refuses a destination that is not empty."""
+    if dest.is_dir():
+        recover_interrupted(dest)
+    if mode == EMPTY:
+        refuse_unless_empty(dest)
 
 
 def _restore_legacy(
-    checkpoints: CheckpointStore, manifest: Manifest, dest: Path, *, where: str
-) -> list[Path]:
+    checkpoints: CheckpointStore, manifest: Manifest, dest: Path, *, where: str, mode: str
+) -> RestoreResult:
     """Format 1: whole-file objects, each through the store's verifying download."""
     identity = checkpoints.identity
 
@@ -91,6 +127,7 @@ def _restore_legacy(
         where=where,
         label=str(identity),
         seq=manifest.seq,
+        mode=mode,
     )
 
 
@@ -102,12 +139,14 @@ def restore_tree_files(
     where: str,
     label: str,
     seq: int,
+    mode: str = EXACT,
+    what: str = "checkpoint",
     cache: ChunkCache | None = None,
-) -> list[Path]:
+) -> RestoreResult:
     """Download ``files`` (tree entries: relative path, size, chunks) into ``dest``, verified, all or nothing.
 
     A checkpoint's tree, or a published output's files. ``where`` names the record in errors, ``label`` what is
-    restored in progress lines."""
+    restored in progress lines, ``what`` in the result's log line; ``mode`` is the restore mode."""
 
     def fetch(rels: list[PurePosixPath], incoming: Path, progress: TransferProgress | None) -> None:
         download_files(
@@ -121,7 +160,16 @@ def restore_tree_files(
 
     paths = [f.path for f in files]
     return _restore(
-        checkpoints, Path(dest), paths, sum(f.size for f in files), fetch, where=where, label=label, seq=seq
+        checkpoints,
+        Path(dest),
+        paths,
+        sum(f.size for f in files),
+        fetch,
+        where=where,
+        label=label,
+        seq=seq,
+        mode=check_mode(mode),
+        what=what,
     )
 
 
@@ -135,13 +183,16 @@ def _restore(
     where: str,
     label: str,
     seq: int,
-) -> list[Path]:
-    """What every restore does around its downloads: undo an interrupted restore into ``dest``, check the paths,
-    let ``fetch`` download and verify every file into a staging directory, then swap them in all or nothing, and
-    report the restore. ``fetch(rels, incoming, progress)`` writes each ``incoming / rel``."""
+    mode: str,
+    what: str = "checkpoint",
+) -> RestoreResult:
+    """What every restore does around its downloads: undo an interrupted restore into ``dest``, apply the mode's
+    check, check the paths, let ``fetch`` download and verify every file into a staging directory, then swap
+    them in all or nothing (in mode ``"exact"`` moving out what the checkpoint does not have), and report the
+    restore. ``fetch(rels, incoming, progress)`` writes each ``incoming / rel``."""
     started = time.monotonic()
+    prepare(dest, mode)
     dest.mkdir(parents=True, exist_ok=True)
-    recover_interrupted(dest)
     rels = [safe_relative(path, manifest_key=where) for path in paths]
     check_distinct_paths(rels, manifest_key=where)
     check_restore_targets(dest, rels)
@@ -153,7 +204,7 @@ def _restore(
     staging = dest / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
     try:
         fetch(rels, staging / "new", progress)
-        restored = _swap_in(dest, staging, rels)
+        restored, removed, replaced = _swap_in(dest, staging, rels, exact=mode == EXACT)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if progress:
@@ -166,21 +217,34 @@ def _restore(
         files=len(restored),
         duration=time.monotonic() - started,
     )
-    return restored
+    return RestoreResult(
+        dest=dest,
+        mode=mode,
+        seq=seq,
+        files=restored,
+        removed=removed,
+        replaced=replaced,
+        bytes=total,
+        what=what,
+    )
 
 
-STAGING_PREFIX = ".stateful-restore-"
-"""Name prefix of the staging directory a restore builds inside its destination."""
 _JOURNAL = "journal.json"
 
 
-def _swap_in(dest: Path, staging: Path, rels: list[PurePosixPath]) -> list[Path]:
-    """Move the verified files from ``staging/new`` into ``dest``, all or nothing.
+def _swap_in(
+    dest: Path, staging: Path, rels: list[PurePosixPath], *, exact: bool
+) -> tuple[list[Path], list[str], int]:
+    """Move the verified files from ``staging/new`` into ``dest``, all or nothing; with ``exact``, first move
+    what the checkpoint does not have out of ``dest``. Returns the restored paths, the removed relative paths and
+    how many files were replaced.
 
-    A journal (the paths, and the directories this restore creates) is written first; each file already in
-    ``dest`` is moved aside into ``staging/old`` before the new one takes its place. On any error the moves
-    are undone here; after a crash (SIGKILL, a lost node) the next restore into ``dest`` (or
-    :func:`recover_interrupted`) undoes them. Either way ``dest`` ends as it was or complete, never a mix.
+    A journal (the paths, the directories this restore creates, and what exact moves out) is written first;
+    each file already in ``dest`` is moved aside into ``staging/old`` before the new one takes its place, and
+    each entry exact moves out goes to ``staging/gone/<n>`` (a whole directory in one move). On any error the
+    moves are undone here; after a crash (SIGKILL, a lost node) the next restore into ``dest`` (or
+    :func:`recover_interrupted`) undoes them. Either way ``dest`` ends as it was or complete, never a mix. What
+    was moved aside is deleted only with the staging directory, after the journal is gone.
     """
     created: list[str] = []
     seen: set[Path] = set()
@@ -192,11 +256,13 @@ def _swap_in(dest: Path, staging: Path, rels: list[PurePosixPath]) -> list[Path]
             if not parent.exists():
                 created.append(str(parent.relative_to(dest)))
     existed = [(dest / rel).exists() or (dest / rel).is_symlink() for rel in rels]
+    aside, removed = not_in_checkpoint(dest, rels) if exact else ([], [])
     journal = {
         "pid": os.getpid(),
         "files": [str(rel) for rel in rels],
         "existed": existed,
         "created": created,
+        "removed": [str(rel) for rel in aside],
     }
     staging.mkdir(exist_ok=True)  # a checkpoint without files downloaded nothing into it
     with open(staging / _JOURNAL, "w", encoding="utf-8") as out:
@@ -204,7 +270,14 @@ def _swap_in(dest: Path, staging: Path, rels: list[PurePosixPath]) -> list[Path]
         out.flush()
         os.fsync(out.fileno())
     restored = []
+    replaced = 0
     try:
+        if aside:
+            (staging / "gone").mkdir()
+        for n, rel in enumerate(aside):
+            extra = dest / rel
+            if extra.exists() or extra.is_symlink():  # gone since it was listed: nothing to move
+                extra.replace(staging / "gone" / str(n))
         for name in created:
             (dest / name).mkdir(exist_ok=True)
         for rel in rels:
@@ -212,9 +285,10 @@ def _swap_in(dest: Path, staging: Path, rels: list[PurePosixPath]) -> list[Path]
             # Stat again (the journal's `existed` is a moment old): a file that appeared since is moved aside too,
             # so a rollback puts it back instead of losing it.
             if target.exists() or target.is_symlink():
-                aside = staging / "old" / rel
-                aside.parent.mkdir(parents=True, exist_ok=True)
-                target.replace(aside)
+                aside_file = staging / "old" / rel
+                aside_file.parent.mkdir(parents=True, exist_ok=True)
+                target.replace(aside_file)
+                replaced += 1
             (staging / "new" / rel).replace(target)
             restored.append(target)
     except BaseException:
@@ -223,7 +297,7 @@ def _swap_in(dest: Path, staging: Path, rels: list[PurePosixPath]) -> list[Path]
     # The restore is complete: drop the journal *before* the staging directory (whose deletion order is the
     # file system's), so a kill during that cleanup can never roll back a finished restore without its backups.
     (staging / _JOURNAL).unlink()
-    return restored
+    return restored, removed, replaced
 
 
 def _roll_back(dest: Path, staging: Path, journal: dict[str, Any]) -> None:
@@ -240,6 +314,22 @@ def _roll_back(dest: Path, staging: Path, journal: dict[str, Any]) -> None:
     for name in reversed(journal["created"]):
         with contextlib.suppress(OSError):
             (dest / safe_relative(name, manifest_key="restore journal")).rmdir()  # only if empty
+    removed = journal.get("removed")
+    for n, name in reversed(list(enumerate(removed if isinstance(removed, list) else []))):
+        gone = staging / "gone" / str(n)
+        extra = _inside(name)
+        if extra is not None and (gone.exists() or gone.is_symlink()):
+            (dest / extra).parent.mkdir(parents=True, exist_ok=True)
+            gone.replace(dest / extra)  # what exact moved out comes back
+
+
+def _inside(name: Any) -> PurePosixPath | None:
+    """A journal's removed path, if it stays inside the destination. Not :func:`safe_relative`: these are names
+    found on disk (a backslash or an odd encoding is theirs to have), not names a checkpoint may record."""
+    if not isinstance(name, str) or not name or name.startswith("/") or "\x00" in name:
+        return None
+    rel = PurePosixPath(name)
+    return None if any(part in ("", ".", "..") for part in name.split("/")) else rel
 
 
 def recover_interrupted(dest: str | Path) -> bool:

@@ -56,6 +56,8 @@ from airflow_stateful.core.records import (
     Manifest,
     WriterInfo,
 )
+from airflow_stateful.core.restore import ChunkCache
+from airflow_stateful.core.restore_modes import EXACT, RestoreResult, check_mode
 from airflow_stateful.core.trees import ChunkRef
 
 log = logging.getLogger("airflow_stateful")
@@ -645,12 +647,28 @@ class WriterSession:
             f"{lease.epoch} was given up). Nothing was uploaded; stop this writer."
         )
 
-    def restore_files(self, dest: str | Path, manifest: Manifest | None = None) -> list[Path]:
-        """Restore the files of ``manifest`` (default :attr:`latest`) into ``dest``; ``[]`` when it has none."""
+    def restore_files(
+        self,
+        dest: str | Path,
+        manifest: Manifest | None = None,
+        *,
+        mode: str = EXACT,
+        cache: ChunkCache | None = None,
+    ) -> RestoreResult:
+        """Restore the files of ``manifest`` (default :attr:`latest`) into ``dest``; what it did, also logged.
+
+        ``mode`` defaults to ``"exact"``: the task owns the directory it saves and restores, so a retry sees
+        exactly the checkpoint's files, never the part files a killed try left beside them (see
+        :meth:`CheckpointStore.restore_files` for ``"merge"`` and ``"empty"``). With no checkpoint yet, or one
+        without files, ``dest`` is left as it is and the result is false."""
+        mode = check_mode(mode)
         manifest = manifest or self._latest
-        if manifest is None or not manifest.has_files:
-            return []
-        return self.checkpoints.restore_files(manifest, dest)
+        if manifest is None:
+            result = RestoreResult(dest=Path(dest), mode=mode, seq=None, untouched=True)
+        else:
+            result = self.checkpoints.restore_files(manifest, dest, mode=mode, cache=cache)
+        log.info("%s", result.describe())
+        return result
 
     # -- the heartbeat --------------------------------------------------------------------------------------
     def _confirmed(self, sent: float) -> None:

@@ -13,10 +13,11 @@ write, the head compare-and-swap, the ack), and then checks with a fresh reader:
 * no object a kept checkpoint needs is missing (``tests/maintenance.py:missing_references``).
 
 Each restore round fills a destination with a different complete earlier state (an older checkpoint plus a
-file no checkpoint holds), starts ``writer.py restore`` of the latest checkpoint into it, SIGKILLs it at a
-random moment (or just as its last chunk arrived, when it starts putting files in place), calls
+file no checkpoint holds), starts ``writer.py restore`` of the latest checkpoint into it in mode ``"exact"``,
+SIGKILLs it at a random moment (or just as its last chunk arrived, when it starts putting files in place), calls
 ``airflow_stateful.core.restore.recover_interrupted(dest)`` and checks that the destination is then, byte for
-byte, exactly the earlier state or exactly what an uninterrupted restore makes of it, with no staging left.
+byte, exactly the earlier state (the extra file included) or exactly what an uninterrupted restore makes of it
+(exactly the checkpoint's files: the extra file gone), with no staging left.
 
 Usage::
 
@@ -530,13 +531,15 @@ class Soak:
             earlier = self.earlier_state(checkpoints, latest, dest)
             before = tree_digests(dest)
             shutil.copytree(dest, expected)
-            checkpoints.restore_files(latest, expected)  # what an uninterrupted restore makes of it
+            checkpoints.restore_files(latest, expected, mode="exact")  # what an uninterrupted restore makes
             complete = tree_digests(expected)
             shutil.rmtree(expected)
-        # Complete: every file of the checkpoint as its value lists it; any other path as it was before.
+        # Complete (exact): every file of the checkpoint as its value lists it, and no other path.
         files = latest.value["files"]
         wrong = [k for k, v in files.items() if complete.get(k) != v]
-        wrong += [k for k, v in complete.items() if k not in files and before.get(k) != v]
+        wrong += [k for k in complete if k not in files]
+        if USER_FILE not in before:
+            self.violation(f"restore round {n}: the earlier state lacks {USER_FILE} (soak set-up bug)")
         if wrong:
             self.violation(
                 f"restore round {n}: an uninterrupted restore of seq {latest.seq} got {wrong} wrong"

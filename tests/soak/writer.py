@@ -12,8 +12,8 @@ the manifest is a separate object. Right after ``commit()`` returns, one line go
 commit id, value digest, files digest) with flush and ``os.fsync``: a commit is *acknowledged* once its
 line is complete in that log.
 
-``restore``: restore checkpoint ``--seq`` into ``--dest`` (which holds another complete state) once, then
-exit 0.
+``restore``: restore checkpoint ``--seq`` into ``--dest`` (which holds another complete state and a file no
+checkpoint has) once, in mode ``"exact"``, then exit 0.
 
 Both write what they are doing to a small *phase file* (a fixed-size record rewritten in place, before and
 after every store call): after a SIGKILL the driver reads there what the process was doing when it died.
@@ -48,7 +48,8 @@ BIG_FILES = {"model.bin": 5 * MIB, "data/shard-0.bin": 3 * MIB, "data/shard-1.bi
 SMALL_FILES = ("meta/config.json", "meta/step.txt")
 LOG_DIR = "logs"
 USER_FILE = "user-notes.txt"
-"""A file of the restore destination that no checkpoint holds: a restore must leave it alone."""
+"""A file of the restore destination that no checkpoint holds: the soak's exact restore must remove it, and a
+killed one must leave it where it was."""
 
 
 # -- digests (shared with the driver) --------------------------------------------------------------------
@@ -400,7 +401,7 @@ def run_restore(spec: dict[str, Any]) -> None:
     assert tree is not None, "the soak writes format-2 checkpoints only"
     store.expect_chunks({c.key for f in tree.files for c in f.chunks})
     phase.enter("restore")
-    checkpoints.restore_files(manifest, Path(spec["dest"]))
+    checkpoints.restore_files(manifest, Path(spec["dest"]), mode="exact")  # moves USER_FILE out in its swap
     phase.enter("restored")
 
 
