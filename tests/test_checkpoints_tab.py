@@ -492,3 +492,30 @@ def test_both_tabs_render_in_headless_chromium_in_light_and_dark_mode(tab_server
             shots[f"{name}-{mode}"] = data
     assert shots["ti-light"] != shots["ti-dark"] and shots["run-light"] != shots["run-dark"]
     print(f"screenshots in {ARTIFACTS}: " + ", ".join(f"checkpoints-{k}.png" for k in shots))
+
+
+def test_the_tab_marks_pinned_checkpoints_and_says_how_the_newest_try_ended(
+    store: ObjectStore, admin: dict[str, str]
+) -> None:
+    """A deploy rollback's pin and the newest try's outcome, as the head records them, on the page and in JSON;
+    a pin's reason comes from storage, so it is shown as escaped text."""
+    from airflow_stateful.core.outcomes import starting
+
+    cs = CheckpointStore(store=store, identity=ENRICH, clock=lambda: NOW - 60)
+    start = starting(now=NOW - 60, try_number=2, max_tries=3, run_id=RUN, will_retry=True, retry_delay=300)
+    lease = cs.acquire(holder=WriterInfo(try_number=2, run_id=RUN), outcome=start)
+    first = cs.commit(lease, {"n": 1}, schema_version=2)
+    cs.pin(lease, first.seq, reason="schema 2 cannot be read by <b>schema-1</b> code", by="try 2")
+    cs.commit(lease, {"n": 0}, schema_version=1)
+    cs.release(
+        lease, outcome=start.ended(state="up_for_retry", now=NOW - 30, retry_in=300, reason="RuntimeError")
+    )
+    view = client(store, admin)
+    (ident,) = view.get(ti_url(ENRICH, api=True)).json()["identities"]
+    assert ident["outcome"]["state"] == "up_for_retry" and ident["outcome"]["try_number"] == 2
+    pins = {r["seq"]: r["pinned"] for r in ident["checkpoints"]}
+    assert pins[first.seq]["reason"].startswith("schema 2 cannot be read") and pins[first.seq + 1] is None
+    text = view.get(ti_url(ENRICH)).text
+    assert "Newest try: up_for_retry (try 2 of 4, may run from" in text
+    assert text.count(">pinned</span>") == 1
+    assert "&lt;b&gt;schema-1&lt;/b&gt;" in text and "<b>schema-1</b>" not in text

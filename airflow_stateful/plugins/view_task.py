@@ -298,6 +298,9 @@ def _head_view(
     status = work_status(head, now=now, default_interval=default_interval)
     body.update(epoch=head.epoch, status=status.to_json(), lease=_lease_json(head, now))
     cells.update(status=status_cells(status), lease=_lease_cells(head, status, now, run_id=r.run_id))
+    # How the newest try ended (Airflow's words) and what that means for how long the state is kept.
+    body["outcome"] = head.outcome.to_json() if head.outcome else None
+    cells["outcome"] = head.outcome.describe()[:300] if head.outcome else ""
     history, points = [], []
     newest_manifest: Manifest | None = None
     previous_epoch: int | None = None
@@ -313,6 +316,7 @@ def _head_view(
             "file_count": entry.file_count,
             "total_size": entry.total_size,
             "resumed": resumed,
+            "pinned": entry.pinned.to_json() if entry.pinned else None,
         }
         shown = {
             "seq": f"#{entry.seq}",
@@ -321,6 +325,7 @@ def _head_view(
             "files": f"{entry.file_count:,}",
             "bytes": human_bytes(entry.total_size),
             "resumed": resumed,
+            "pin": entry.pinned.reason[:300] if entry.pinned else "",
         }
         if isinstance(manifest, Manifest):
             items = items_done(manifest)
