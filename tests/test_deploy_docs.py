@@ -37,6 +37,7 @@ from s3_endpoint import S3Endpoint
 
 from airflow_stateful.cli import main as cli_main
 from airflow_stateful.core import CheckpointStore, Identity
+from airflow_stateful.core.config import StatefulSettings
 from airflow_stateful.core.records import WriterInfo
 from airflow_stateful.core.session import WriterSession
 from airflow_stateful.core.state_documents import KeyValueStore, collect_expired, object_key, task_prefix
@@ -188,6 +189,7 @@ def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> 
 
     def open_store(args: Any) -> S3ObjectStore:
         args.lease_grace = 60.0
+        args.settings = StatefulSettings(backend_url=current["store"].url)  # the [stateful] defaults
         return current["store"]
 
     monkeypatch.setattr(cli_main, "open_store", open_store)

@@ -39,7 +39,7 @@ from airflow_stack import Stack, base_env, start_stack, stop_stack, wait_for  # 
 
 from airflow_stateful.testing.s3_server import free_port  # noqa: E402
 
-RETRY_DELAY = 40
+RETRY_DELAY = 20  # commit B is parsed within ~2 s (refresh_interval 1 s, no serialization throttle)
 DAG_FILE = """\
 from __future__ import annotations
 
@@ -114,10 +114,19 @@ def stack(tmp_path: Path, repo: Path) -> Iterator[Stack]:
     bundle = {
         "name": "repo",
         "classpath": "airflow.providers.git.bundles.git.GitDagBundle",
-        "kwargs": {"repo_url": str(repo), "tracking_ref": "main", "subdir": "dags", "refresh_interval": 3},
+        "kwargs": {"tracking_ref": "main", "subdir": "dags", "refresh_interval": 1},
     }
     env.update(
         AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST=json.dumps([bundle]),
+        # The repository through the Git provider's default connection (without one, every bundle object logs a
+        # traceback saying git_default is not defined).
+        AIRFLOW_CONN_GIT_DEFAULT=json.dumps({"conn_type": "git", "host": repo.as_uri()}),
+        # Clones and checkouts under this test's home: the default, /tmp/airflow/dag_bundles, is shared by every
+        # Airflow on the machine, and another run's bundle of the same name would be found there.
+        AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_STORAGE_PATH=str(home / "dag_bundles"),
+        AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL="1",
+        # A new commit reaches the database at once, not up to 30 s later.
+        AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL="0",
         AIRFLOW__STATEFUL__BACKEND_URL=(home / "stateful").as_uri(),
         GIT_AUTHOR_NAME="test",
         GIT_COMMITTER_NAME="test",

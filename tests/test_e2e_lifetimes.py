@@ -38,8 +38,8 @@ from airflow_stack import Stack, base_env, start_stack, stop_stack, wait_for  # 
 
 from airflow_stateful.testing.s3_server import free_port  # noqa: E402
 
-RETRY_DELAY = 75  # seconds: both GC runs happen while lt_retry waits for its retry
-SWAP_DELAY = 50  # seconds lt_rollback waits between tries: time to swap its file and let Airflow parse it
+RETRY_DELAY = 60  # seconds: both GC runs happen while lt_retry waits for its retry (they take ~25 s)
+SWAP_DELAY = 35  # seconds lt_rollback waits between tries: time to swap its file and let Airflow parse it
 
 COMMON = """\
 from __future__ import annotations
@@ -253,6 +253,7 @@ def test_state_follows_airflow_through_retries_clears_success_and_a_deploy_rollb
     assert code.bundle_name == "dags-folder" and code.dag_version_id, code
     time.sleep(6)  # everything is now idle for longer than the GC's idle_for of 5 s
 
+    failed_at = time.monotonic()
     # GC 1: the CLI, asking the metadata database, releasing succeeded state after 3 s.
     rows = {r["identity"]: r for r in run_cli_gc(stack, "--idle-for", "5s", "--release-after-success", "3s")}
     success_key = store_head(stack, "lt_success", "crunch", success_run).identity.key
@@ -278,6 +279,7 @@ def test_state_follows_airflow_through_retries_clears_success_and_a_deploy_rollb
         "both GCs ran inside the delay"
     )
     assert retry_cs.head() is not None and failed_cs.head() is not None
+    print(f"e2e lifetimes: both GC runs took {time.monotonic() - failed_at:.0f} s")
 
     # The deploy rollback, part 2: schema-1 code started fresh, pinned the schema-2 checkpoint, committed five
     # times (more than keep_last=3) and failed; before try 3 the deploy is rolled forward again.

@@ -495,6 +495,7 @@ def _airflow_run_states(args: argparse.Namespace) -> tuple[RunStates | None, str
     from airflow_stateful.cli.airflow_db import metadata_db_run_states
 
     db, line = metadata_db_run_states()
+    _logs_to_stderr()  # opening Airflow's database configures Airflow's logging, which points it at stdout
     if db is None and args.airflow == "db":
         raise ConfigurationError(f"--airflow db: {line}")
     if db is None:
