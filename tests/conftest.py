@@ -131,7 +131,6 @@ STACK_MODULES = {
     "test_distributed.py",
     "test_e2e_stack.py",
     "test_e2e_lifetimes.py",
-    "test_e2e_bundles.py",
     "test_ui_auth.py",
 }
 """Modules that start a whole Airflow deployment (api-server, schedulers, workers, PostgreSQL, Redis). Under

@@ -10,6 +10,8 @@ store and ``[stateful] airflow_conn_id`` pointing at the stack's own REST API:
 * ``lt_failed``: no retries; try 1 commits at item 10 and fails for good. The GC keeps it (``keep_failed_for``);
   the test clears the task through the REST API and the new try resumes at item 10.
 * ``lt_success``: succeeds; the GC with ``--release-after-success`` deletes its state, saying why.
+* ``lt_bundle``, from a Git DAG bundle (tests/bundle_scenario.py, in a thread beside the rest): a retry runs
+  its run's bundle version after the bundle moved on; a clear onto the latest version records and logs the change.
 * ``lt_rollback``: a deploy rollback with real DAG file swaps while the task waits for its retries: schema-2 code
   commits 7 items and fails; the file is swapped to schema-1 code (``on_incompatible="restart"``), which starts
   fresh, pins the schema-2 checkpoint and commits five times (more than ``keep_last=3``) before failing; the file
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +37,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 psutil = pytest.importorskip("psutil")
 
+import bundle_scenario  # noqa: E402
 from airflow_stack import Stack, base_env, start_stack, stop_stack, wait_for  # noqa: E402
 
 from airflow_stateful.testing.s3_server import free_port  # noqa: E402
 
-RETRY_DELAY = 60  # seconds: both GC runs happen while lt_retry waits for its retry (they take ~25 s)
-SWAP_DELAY = 35  # seconds lt_rollback waits between tries: time to swap its file and let Airflow parse it
+RETRY_DELAY = 45  # seconds: both GC runs happen while lt_retry waits for its retry (measured: ~10 s)
+SWAP_DELAY = 30  # seconds lt_rollback waits between tries: time to swap its file and let Airflow parse it
 
 COMMON = """\
 from __future__ import annotations
@@ -130,7 +134,19 @@ def rollback_dag(*, schema: int, saves: int, fails: bool) -> str:
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
+def repo(tmp_path: Path) -> tuple[Path, str] | None:
+    """The Git bundle's repository at its first commit, or None (with the reason printed) where git or the Git
+    provider is missing: then only the DAG folder scenarios run."""
+    why = bundle_scenario.missing()
+    if why is not None:
+        print(f"e2e lifetimes: the Git bundle scenario is skipped: {why}")
+        return None
+    repo = bundle_scenario.new_repo(tmp_path)
+    return repo, bundle_scenario.commit_version(repo, "A")
+
+
+@pytest.fixture
+def stack(tmp_path: Path, repo: tuple[Path, str] | None) -> Iterator[Stack]:
     home, dags, logs = tmp_path / "home", tmp_path / "dags", tmp_path / "component-logs"
     for d in (home, dags, logs):
         d.mkdir()
@@ -147,6 +163,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         AIRFLOW_CONN_AIRFLOW_API=json.dumps({"conn_type": "http", "host": f"http://127.0.0.1:{port}"}),
         # A changed DAG file is parsed again within seconds (the default is 30 s).
         AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="2",
+        **(bundle_scenario.bundle_env(home, repo[0], dags) if repo is not None else {}),
     )
     stack = Stack(home=home, env=env, port=port, logs=logs)
     try:
@@ -228,9 +245,14 @@ def store_head(stack: Stack, dag_id: str, task_id: str, run_id: str) -> Any:
     return CheckpointStore(store=LocalObjectStore(root=stack.home / "stateful"), identity=identity)
 
 
-def test_state_follows_airflow_through_retries_clears_success_and_a_deploy_rollback(stack: Stack) -> None:
+def test_state_follows_airflow_through_retries_clears_success_a_deploy_rollback_and_a_bundle_moving_on(
+    stack: Stack, repo: tuple[Path, str] | None
+) -> None:
     t0 = time.monotonic()
     wait_for("the api-server", lambda: stack.request("GET", "/version"), timeout=120, stack=stack)
+    # The Git bundle scenario (tests/bundle_scenario.py) runs beside the others: both mostly wait for retries.
+    pool = ThreadPoolExecutor(max_workers=1)
+    bundle = pool.submit(bundle_scenario.run_bundle_scenario, stack, *repo) if repo is not None else None
     runs = {
         dag_id: trigger(stack, dag_id) for dag_id in ("lt_retry", "lt_failed", "lt_success", "lt_rollback")
     }
@@ -323,4 +345,7 @@ def test_state_follows_airflow_through_retries_clears_success_and_a_deploy_rollb
     )  # what try 3 committed before its code ran: the pinned state, copied
     assert copy.value == {"schema": 2, "done": 7} and copy.extra["resumed_from_pin"] == pinned[0].seq
     assert not rollback_cs.head().pinned, "the pin is released once its copy is the newest checkpoint"
+    if bundle is not None:
+        print(f"e2e lifetimes: bundle: {bundle.result(timeout=300)}")
+    pool.shutdown()
     print(f"e2e lifetimes: done {time.monotonic() - t0:.0f} s after the stack started")

@@ -1,17 +1,19 @@
-"""End to end: a versioned DAG bundle (Airflow's Git bundle over a local repository) moving on under a run.
+"""The Git DAG bundle scenario of tests/test_e2e_lifetimes.py: a versioned bundle moving on under a run.
 
-The stack (tests/airflow_stack.py) reads its DAGs from a ``GitDagBundle`` whose ``repo_url`` is a git repository in
-the test's temporary directory, nothing else. Commit A has a stateful task that commits a checkpoint at item 10 and
-fails on try 1; while its retry waits, commit B changes the task's code (same ``schema_version``) and the
-dag-processor picks it up. The test records what Airflow then does, and what the checkpoints say:
+The stack reads one DAG from a ``GitDagBundle`` (besides the DAG folder) whose repository is a git repository in the
+test's temporary directory. Commit A has a stateful task that commits a checkpoint at item 10 and fails on try 1;
+while its retry waits, commit B changes the task's code (same ``schema_version``) and the dag-processor picks it
+up. What Airflow then does, and what the checkpoints say, measured with Airflow 3.3.2:
 
 * the retry (try 2) runs on the bundle version its DAG run was created with (A): a versioned bundle pins a run to
   its version, so the retry resumes a checkpoint of its own code and nothing is logged as changed;
 * the run is then cleared with ``run_on_latest_version=True``: try 3 runs commit B, its checkpoint records bundle
-  version B (beside try 2's A) and its task log has the one line saying what changed (bundle version A -> B, task
-  code x -> y) as it resumes.
+  version B (beside try 2's A) and its task log has the one line saying what changed (task code x -> y, bundle
+  version A -> B) as it resumes.
 
-Skipped, saying why, where ``git`` or the Git provider is missing.
+It keeps its checkpoints in a store of its own (``backend_url`` on the task), so the lifetime scenario's GC
+runs, which use ``[stateful] backend_url``, never touch them. :func:`run_bundle_scenario` runs in a thread
+beside that scenario: most of both is waiting for retry delays.
 """
 
 from __future__ import annotations
@@ -20,24 +22,11 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-psutil = pytest.importorskip("psutil")
-pytest.importorskip(
-    "airflow.providers.git.bundles.git", reason="apache-airflow-providers-git is not installed"
-)
-if shutil.which("git") is None:
-    pytest.skip("git is not installed: the Git DAG bundle needs it", allow_module_level=True)
-
-from airflow_stack import Stack, base_env, start_stack, stop_stack, wait_for  # noqa: E402
-
-from airflow_stateful.testing.s3_server import free_port  # noqa: E402
+from airflow_stack import Stack, wait_for
 
 RETRY_DELAY = 20  # commit B is parsed within ~2 s (refresh_interval 1 s, no serialization throttle)
 DAG_FILE = """\
@@ -53,14 +42,20 @@ from airflow_stateful import TaskState, stateful_task
 
 @dag(dag_id="lt_bundle", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
 def the_dag():
-    @stateful_task(task_id="crunch", retries=1, retry_delay=timedelta(seconds=__DELAY__), checkpoint_every=5)
+    @stateful_task(
+        task_id="crunch",
+        retries=1,
+        retry_delay=timedelta(seconds=__DELAY__),
+        checkpoint_every=5,
+        backend_url=os.environ["STATEFUL_BUNDLE_BACKEND_URL"],
+    )
     def crunch(state: TaskState):
         ti = get_current_context()["ti"]
         state.value = state.value or {"total": 0}
         for item in state.resume(range(20)):
             if ti.try_number == 1 and item == 12:
                 raise RuntimeError("try 1 fails at item 12")
-            with open(os.path.join(os.environ["AIRFLOW_HOME"], "ledger.csv"), "a") as ledger:
+            with open(os.path.join(os.environ["AIRFLOW_HOME"], "ledger-lt_bundle.csv"), "a") as ledger:
                 ledger.write(f"{ti.try_number},{item},__VERSION__\\n")
             state.value = {"total": state.value["total"] + item}
         state.save(state.value)  # every try commits once more, so each try's checkpoint says which code ran
@@ -96,47 +91,51 @@ def commit_version(repo: Path, version: str) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
+def missing() -> str | None:
+    """Why the scenario cannot run here, or None."""
+    import importlib.util
+
+    if shutil.which("git") is None:
+        return "git is not installed: the Git DAG bundle needs it"
+    if importlib.util.find_spec("airflow.providers.git") is None:
+        return "apache-airflow-providers-git is not installed"
+    return None
+
+
+def new_repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
     return repo
 
 
-@pytest.fixture
-def stack(tmp_path: Path, repo: Path) -> Iterator[Stack]:
-    home, dags, logs = tmp_path / "home", tmp_path / "unused-dags", tmp_path / "component-logs"
-    for d in (home, dags, logs):
-        d.mkdir()
-    port = free_port()
-    env = base_env(home, dags, port)
-    bundle = {
-        "name": "repo",
-        "classpath": "airflow.providers.git.bundles.git.GitDagBundle",
-        "kwargs": {"tracking_ref": "main", "subdir": "dags", "refresh_interval": 1},
-    }
-    env.update(
-        AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST=json.dumps([bundle]),
+def bundle_env(home: Path, repo: Path, dags_folder: Path) -> dict[str, str]:
+    """What the stack needs to read DAGs from the DAG folder and from ``repo`` (a Git bundle named ``repo``)."""
+    bundles = [
+        {
+            "name": "dags-folder",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(dags_folder)},
+        },
+        {
+            "name": "repo",
+            "classpath": "airflow.providers.git.bundles.git.GitDagBundle",
+            "kwargs": {"tracking_ref": "main", "subdir": "dags", "refresh_interval": 1},
+        },
+    ]
+    return {
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
         # The repository through the Git provider's default connection (without one, every bundle object logs a
         # traceback saying git_default is not defined).
-        AIRFLOW_CONN_GIT_DEFAULT=json.dumps({"conn_type": "git", "host": repo.as_uri()}),
+        "AIRFLOW_CONN_GIT_DEFAULT": json.dumps({"conn_type": "git", "host": repo.as_uri()}),
         # Clones and checkouts under this test's home: the default, /tmp/airflow/dag_bundles, is shared by every
         # Airflow on the machine, and another run's bundle of the same name would be found there.
-        AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_STORAGE_PATH=str(home / "dag_bundles"),
-        AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL="1",
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_STORAGE_PATH": str(home / "dag_bundles"),
+        "AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "1",
         # A new commit reaches the database at once, not up to 30 s later.
-        AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL="0",
-        AIRFLOW__STATEFUL__BACKEND_URL=(home / "stateful").as_uri(),
-        GIT_AUTHOR_NAME="test",
-        GIT_COMMITTER_NAME="test",
-    )
-    stack = Stack(home=home, env=env, port=port, logs=logs)
-    try:
-        start_stack(stack)
-        yield stack
-    finally:
-        stop_stack(stack)
+        "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "0",
+        "STATEFUL_BUNDLE_BACKEND_URL": (home / "stateful-bundle").as_uri(),
+    }
 
 
 def task_log(stack: Stack, try_number: int) -> str:
@@ -144,14 +143,13 @@ def task_log(stack: Stack, try_number: int) -> str:
     return "\n".join(p.read_text(errors="replace") for p in found if "lt_bundle" in str(p))
 
 
-def test_a_retry_runs_its_runs_bundle_version_and_a_clear_on_the_latest_records_the_change(
-    stack: Stack, repo: Path
-) -> None:
+def run_bundle_scenario(stack: Stack, repo: Path, version_a: str) -> str:
+    """The scenario (see the module's docstring) on a stack whose bundle ``repo`` is at commit ``version_a`` (made
+    before the stack started: a Git bundle cannot clone an empty repository). Its assertions raise here; returns a
+    line for the test's output."""
     from airflow_stateful.core import CheckpointStore, Identity
     from airflow_stateful.core.stores.local import LocalObjectStore
 
-    version_a = commit_version(repo, "A")
-    wait_for("the api-server", lambda: stack.request("GET", "/version"), timeout=120, stack=stack)
     dag = wait_for(
         "lt_bundle to be parsed", lambda: stack.request("GET", "/dags/lt_bundle"), timeout=180, stack=stack
     )
@@ -178,7 +176,7 @@ def test_a_retry_runs_its_runs_bundle_version_and_a_clear_on_the_latest_records_
         stack=stack,
     )
     cs = CheckpointStore(
-        store=LocalObjectStore(root=stack.home / "stateful"),
+        store=LocalObjectStore(root=stack.home / "stateful-bundle"),
         identity=Identity.for_task(dag_id="lt_bundle", task_id="crunch", run_id=run_id),
     )
     try_1 = cs.latest()
@@ -192,7 +190,7 @@ def test_a_retry_runs_its_runs_bundle_version_and_a_clear_on_the_latest_records_
         return True if state == "success" else None
 
     wait_for("the retry to succeed", finished, timeout=RETRY_DELAY + 180, stack=stack, interval=1)
-    rows = [line.split(",") for line in (stack.home / "ledger.csv").read_text().split()]
+    rows = [line.split(",") for line in (stack.home / "ledger-lt_bundle.csv").read_text().split()]
     assert {r[2] for r in rows if r[0] == "2"} == {"A"}, (
         "the retry ran commit A: the run is pinned to its version"
     )
@@ -224,6 +222,4 @@ def test_a_retry_runs_its_runs_bundle_version_and_a_clear_on_the_latest_records_
     assert len(lines) == 1, log[-4000:]
     assert f"task code {try_2.code.fingerprint} -> {try_3.code.fingerprint}" in lines[0], lines[0]
     assert f"bundle version {version_a} -> {version_b}" in lines[0], lines[0]
-    print(
-        f"e2e bundles: retry ran {version_a[:8]} (the run's version); the clear on the latest ran {version_b[:8]}"
-    )
+    return f"retry ran {version_a[:8]} (the run's version); the clear on the latest ran {version_b[:8]}"
