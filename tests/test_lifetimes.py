@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -309,3 +309,29 @@ def test_the_earliest_retry_never_exceeds_what_airflow_computes(airflow_home: Pa
                 ours,
                 airflow_delay,
             )
+
+
+def test_du_shows_each_identitys_lifetime_and_when_a_keep_ends(
+    store: LocalObjectStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``du`` judges from the heads alone, with the same options as ``gc``."""
+    import json
+
+    from airflow_stateful.cli.main import main
+
+    ok = write(store, per_run(0), days_ago=0.5, end=SUCCESS)
+    waiting = write(store, per_run(1), days_ago=40, end=UP_FOR_RETRY, retry_in=60)
+    code = main(
+        ["du", "--json", "--backend", store.url, "--release-after-success", "1d", "--idle-for", "30d"]
+    )
+    rows = {r["identity"]: r for r in json.loads(capsys.readouterr().out)}
+    assert code == 0
+    row = rows[ok.identity.key]
+    assert row["outcome"] == SUCCESS and "released after release_after_success=1d0h" in row["lifetime"]
+    assert (
+        row["lifetime_until"] is not None and row["lifetime_until"] > datetime.now(timezone.utc).isoformat()
+    )
+    assert rows[waiting.identity.key]["lifetime"].startswith("kept: the task can still run")
+    assert rows[waiting.identity.key]["lifetime_until"] is None, (
+        "a pending retry's keep has no end of its own"
+    )

@@ -35,7 +35,6 @@ from typing import Any
 
 from airflow_stateful.cli.output import TABLE_PAGE, emit
 from airflow_stateful.core import config
-from airflow_stateful.core.airflow_runs import RunStates
 from airflow_stateful.core.catalog import list_identities
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.cursors import cursors_to_json, describe_cursors, read_cursors
@@ -52,9 +51,9 @@ from airflow_stateful.core.errors import (
 from airflow_stateful.core.gc import apply_gc, group_by_identity, plan_gc
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.item_progress import ItemProgress
-from airflow_stateful.core.lifetimes import Lifetimes, judge
+from airflow_stateful.core.lifetimes import Lifetimes, RunStates, judge
 from airflow_stateful.core.outputs import OutputInfo, check_output_name, content_sha256
-from airflow_stateful.core.records import HeadRecord, Manifest, WriterInfo
+from airflow_stateful.core.records import HeadRecord, Manifest, WriterInfo, utcnow_iso
 from airflow_stateful.core.restore_modes import EMPTY, MODES, refusal
 from airflow_stateful.core.status import STATUSES, WorkStatus
 from airflow_stateful.core.stores.base import ObjectStore
@@ -467,18 +466,13 @@ def _progress(label: str, total: int) -> ItemProgress:
     return ItemProgress(label=label, total=total, logger=_log)
 
 
-def _lifetimes(args: argparse.Namespace) -> tuple[timedelta | None, timedelta | None]:
-    """``(release_after_success, keep_failed_for)``: the options, else ``[stateful]`` (``0``: none)."""
-    settings = args.settings
-
-    def pick(given: timedelta | None, configured: float | None) -> timedelta | None:
-        if given is not None:
-            return given or None
-        return timedelta(seconds=configured) if configured else None
-
-    return (
-        pick(args.release_after_success, settings.release_after_success),
-        pick(args.keep_failed_for, settings.keep_failed_for),
+def _lifetimes(args: argparse.Namespace) -> Lifetimes:
+    """The options (``--idle-for``, ``--release-after-success``, ``--keep-failed-for``), else ``[stateful]``."""
+    return Lifetimes.configured(
+        args.settings,
+        idle_for=args.idle_for,
+        release_after_success=args.release_after_success,
+        keep_failed_for=args.keep_failed_for,
     )
 
 
@@ -507,15 +501,15 @@ def _cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
     """Plan, then (unless ``--dry-run``) apply: both print the same rows for an unchanged store, one per identity,
     each saying why it is kept or deleted (the ``why`` column; ``lifetime`` in ``--json``)."""
     groups = group_by_identity(store, args.prefix or "")
-    release_after_success, keep_failed_for = _lifetimes(args)
+    lives = _lifetimes(args)
     airflow, asked = _airflow_run_states(args)
     print(f"gc: asking {asked}" if airflow is not None else f"gc: {asked}", file=sys.stderr)
     bar = _progress("gc: planning", len(groups))
     plan = plan_gc(
         store,
-        idle_for=args.idle_for,
-        release_after_success=release_after_success,
-        keep_failed_for=keep_failed_for,
+        idle_for=lives.idle_for,
+        release_after_success=lives.release_after_success,
+        keep_failed_for=lives.keep_failed_for,
         airflow=airflow,
         keep_last=args.keep_last,
         min_age=args.min_age,
@@ -565,10 +559,7 @@ def _cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
     price = args.price_per_gb_month
     total = {"checkpoints": 0, "objects": 0, "bytes": 0, "garbage_bytes": 0}
     errors = 0
-    release_after_success, keep_failed_for = _lifetimes(args)
-    lives = Lifetimes(
-        idle_for=args.idle_for, release_after_success=release_after_success, keep_failed_for=keep_failed_for
-    )
+    lives = _lifetimes(args)
 
     def rows() -> Iterator[dict[str, Any]]:
         nonlocal errors
@@ -585,7 +576,7 @@ def _cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
                 "idle_seconds": u.idle_seconds,
                 "usd_per_month": round(u.monthly_cost(price), 6),
                 "outcome": u.head.outcome.state if u.head is not None and u.head.outcome else None,
-                "lifetime": _lifetime(u.head, u.identity, lives, args.lease_grace),
+                **_lifetime(u.head, u.identity, lives, args.lease_grace),
             }
             if u.error is not None:
                 errors += 1
@@ -599,6 +590,7 @@ def _cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
             "usd_per_month": round(total["bytes"] / GB * price, 6),
             "outcome": None,
             "lifetime": None,
+            "lifetime_until": None,
         }
 
     columns = [
@@ -616,15 +608,18 @@ def _cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
     return EXIT_PROBLEM if errors else EXIT_OK
 
 
-def _lifetime(head: HeadRecord | None, key: str, lives: Lifetimes, grace: float) -> str | None:
-    """What GC would do with the identity by the heads alone (``du`` asks Airflow nothing)."""
-    if head is None:
-        return None
-    try:
-        identity = Identity.parse(key)
-    except ValueError:
-        return None
-    return judge(head, identity, now=time.time(), lifetimes=lives, grace=grace).reason
+def _lifetime(head: HeadRecord | None, key: str, lives: Lifetimes, grace: float) -> dict[str, Any]:
+    """What GC would do with the identity by the heads alone (``du`` asks Airflow nothing): the verdict, and when
+    a keep ends by itself (``lifetime_until``, in ``--json``)."""
+    verdict = None
+    if head is not None:
+        with contextlib.suppress(ValueError):
+            verdict = judge(head, Identity.parse(key), now=time.time(), lifetimes=lives, grace=grace)
+    until = verdict.until if verdict is not None else None
+    return {
+        "lifetime": verdict.reason if verdict is not None else None,
+        "lifetime_until": utcnow_iso(until) if until is not None else None,
+    }
 
 
 def _duration(text: str) -> timedelta:

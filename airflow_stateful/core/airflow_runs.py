@@ -1,6 +1,6 @@
 """Asking Airflow whether a task instance is finished, before GC deletes the state of its run.
 
-Two ways, one protocol (:class:`RunStates`): Airflow's REST API (:class:`RestApiRunStates`, for the maintenance
+Two ways, one protocol (:class:`~airflow_stateful.core.lifetimes.RunStates`): Airflow's REST API (:class:`RestApiRunStates`, for the maintenance
 task, which in Airflow 3 cannot read the metadata database, and for a CLI pointed at an API server) and the
 metadata database itself (``airflow_stateful.cli.airflow_db``, for the CLI where Airflow's database is
 configured). The answer is an :class:`~airflow_stateful.core.lifetimes.AirflowAnswer`; anything that goes
@@ -17,18 +17,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from airflow_stateful.core.lifetimes import AirflowAnswer
 
 MAX_RESPONSE_BYTES = 1024 * 1024
 """Largest API answer read (a task instance is a few KiB); anything larger is refused unread."""
-
-
-class RunStates(Protocol):
-    """Where GC learns a task instance's state."""
-
-    def ask(self, *, dag_id: str, run_id: str, task_id: str, map_index: int) -> AirflowAnswer: ...
 
 
 def _ended(value: Any) -> float | None:

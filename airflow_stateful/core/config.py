@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from airflow_stateful.core.durations import parse_duration
+from airflow_stateful.core.durations import optional_duration, parse_duration
 from airflow_stateful.core.errors import ConfigurationError
 from airflow_stateful.core.records import MAX_KEPT
 
@@ -122,10 +122,11 @@ class StatefulSettings:
             raw = text(option)
             if raw is None:
                 return default
-            if raw.lower() in ("never", "off", "none"):
-                return None
-            value = seconds(option, 0, minimum=0)
-            return value or None
+            try:
+                span = optional_duration(raw, what=source(option))
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
+            return span.total_seconds() if span is not None else None
 
         def integer(option: str, default: int, *, minimum: int, maximum: int) -> int:
             raw = text(option)

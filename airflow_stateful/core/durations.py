@@ -42,3 +42,19 @@ def positive_duration(value: timedelta | str | float | int, *, what: str = "dura
     if parsed <= timedelta(0):
         raise ValueError(f"{what} must be a positive duration, not {value!r}")
     return parsed
+
+
+NEVER = ("never", "off", "none")
+"""Words that switch a duration setting off (as ``0`` does)."""
+
+
+def optional_duration(
+    value: timedelta | str | float | int | None, *, what: str = "duration"
+) -> timedelta | None:
+    """A duration that may be switched off: ``None``, ``0``, ``"never"``, ``"off"`` or ``"none"`` give ``None``;
+    anything else as :func:`parse_duration`. For settings where "no limit" is a choice (``release_after_success``,
+    ``keep_failed_for``)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in (*NEVER, "")):
+        return None
+    parsed = parse_duration(value, what=what)
+    return parsed or None

@@ -48,7 +48,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_stateful.core import config, lifetimes
-from airflow_stateful.core.airflow_runs import RunStates
 from airflow_stateful.core.catalog import HEAD_READERS, ordered_map
 from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.errors import (
@@ -61,7 +60,7 @@ from airflow_stateful.core.errors import (
 )
 from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.lease import Lease, check_holder
-from airflow_stateful.core.lifetimes import Lifetimes, Verdict, is_per_run, judge
+from airflow_stateful.core.lifetimes import Lifetimes, RunStates, Verdict, lifetime_of
 from airflow_stateful.core.records import DATA_DIR, HEAD_NAME, MANIFEST_DIR, HeadRecord, WriterInfo
 from airflow_stateful.core.retention import (
     CrashGarbage,
@@ -292,35 +291,6 @@ def _plan_identity(
         who = f"live lease held by {_describe_lease(head)}" if held else "partly skipped"
         item.skipped = f"{who}: {'; '.join(notes)}"
     return item
-
-
-def lifetime_of(
-    head: HeadRecord,
-    identity: Identity,
-    *,
-    now: float,
-    lives: Lifetimes,
-    grace: float = config.LEASE_GRACE,
-    airflow: RunStates | None = None,
-) -> Verdict:
-    """The lifetime verdict on ``identity``, confirmed with Airflow where it can be asked.
-
-    Airflow is asked only where its word can change the verdict: before deleting per-run state, and about per-run
-    state kept because the task can still run (Airflow may say the task instance finished since: marked failed,
-    or a retry policy that failed it early). Every answer is an :class:`~airflow_stateful.core.lifetimes.AirflowAnswer`;
-    one that says nothing certain keeps the state.
-    """
-    verdict = judge(head, identity, now=now, lifetimes=lives, grace=grace)
-    parts = identity.task_parts
-    if airflow is None or not verdict.ask or parts is None or not is_per_run(identity):
-        return verdict
-    answer = airflow.ask(
-        dag_id=str(parts["dag_id"]),
-        run_id=str(parts["scope"]),
-        task_id=str(parts["task_id"]),
-        map_index=int(parts["map_index"]),
-    )
-    return judge(head, identity, now=now, lifetimes=lives, grace=grace, airflow=answer)
 
 
 def _references(cs: CheckpointStore, head: HeadRecord, notes: list[str]) -> References:

@@ -28,8 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 from airflow_stateful.core import config
+from airflow_stateful.core.config import StatefulSettings
+from airflow_stateful.core.durations import optional_duration, parse_duration
 from airflow_stateful.core.identity import NAMED_SCOPE, Identity
 from airflow_stateful.core.outcomes import CAN_RUN, FAILED, RUNNING, SKIPPED, SUCCESS, UP_FOR_RETRY
 from airflow_stateful.core.records import HeadRecord
@@ -78,10 +81,31 @@ class Lifetimes:
     release_after_success: timedelta | None = None
     keep_failed_for: timedelta | None = config.KEEP_FAILED_FOR
 
-    @property
-    def deletes_anything(self) -> bool:
-        """Whether any rule can delete a whole identity."""
-        return self.idle_for is not None or self.release_after_success is not None
+    @classmethod
+    def configured(
+        cls,
+        settings: StatefulSettings,
+        *,
+        idle_for: timedelta | str | None = None,
+        release_after_success: timedelta | str | None = None,
+        keep_failed_for: timedelta | str | None = None,
+    ) -> Lifetimes:
+        """The lifetimes a GC pass applies: what its caller gave (the CLI's options, the operator's arguments),
+        else the ``[stateful]`` settings. ``0``/``"never"`` switches ``release_after_success`` or
+        ``keep_failed_for`` off; ``idle_for`` has no setting (``None``: no age limit)."""
+
+        def pick(given: timedelta | str | None, configured: float | None, what: str) -> timedelta | None:
+            if given is None:
+                return timedelta(seconds=configured) if configured else None
+            return optional_duration(given, what=what)
+
+        return cls(
+            idle_for=parse_duration(idle_for, what="idle_for") if idle_for is not None else None,
+            release_after_success=pick(
+                release_after_success, settings.release_after_success, "release_after_success"
+            ),
+            keep_failed_for=pick(keep_failed_for, settings.keep_failed_for, "keep_failed_for"),
+        )
 
 
 @dataclass(frozen=True)
@@ -111,6 +135,14 @@ class AirflowAnswer:
         if self.state is None:
             return "Airflow has no such task instance in the run"
         return f"Airflow says the task instance is {self.state}"
+
+
+class RunStates(Protocol):
+    """Where GC learns a task instance's state from Airflow (:mod:`airflow_stateful.core.airflow_runs`: the REST
+    API; ``airflow_stateful.cli.airflow_db``: the metadata database). Never raises: a failure is an answer with
+    ``error`` set."""
+
+    def ask(self, *, dag_id: str, run_id: str, task_id: str, map_index: int) -> AirflowAnswer: ...
 
 
 @dataclass(frozen=True)
@@ -283,3 +315,32 @@ def _idle_rule(head: HeadRecord, *, now: float, lifetimes: Lifetimes) -> Verdict
 def _confirmed(verdict: Verdict, what: str) -> Verdict:
     """A per-run verdict by age, saying what the outcome was; a deletion needs Airflow's confirmation."""
     return Verdict(verdict.action, f"{verdict.reason} ({what})", ask=verdict.delete, until=verdict.until)
+
+
+def lifetime_of(
+    head: HeadRecord,
+    identity: Identity,
+    *,
+    now: float,
+    lives: Lifetimes,
+    grace: float = config.LEASE_GRACE,
+    airflow: RunStates | None = None,
+) -> Verdict:
+    """The lifetime verdict on ``identity``, confirmed with Airflow where it can be asked.
+
+    Airflow is asked only where its word can change the verdict: before deleting per-run state, and about per-run
+    state kept because the task can still run (Airflow may say the task instance finished since: marked failed,
+    or a retry policy that failed it early). Every answer is an :class:`~airflow_stateful.core.lifetimes.AirflowAnswer`;
+    one that says nothing certain keeps the state.
+    """
+    verdict = judge(head, identity, now=now, lifetimes=lives, grace=grace)
+    parts = identity.task_parts
+    if airflow is None or not verdict.ask or parts is None or not is_per_run(identity):
+        return verdict
+    answer = airflow.ask(
+        dag_id=str(parts["dag_id"]),
+        run_id=str(parts["scope"]),
+        task_id=str(parts["task_id"]),
+        map_index=int(parts["map_index"]),
+    )
+    return judge(head, identity, now=now, lifetimes=lives, grace=grace, airflow=answer)

@@ -11,8 +11,8 @@ operator writes what it knows into the head, in the same compare-and-swap that t
   (no retry left, or ``AirflowFailException``), ``up_for_reschedule``, ``deferred`` or ``skipped``.
 
 The names are Airflow's task instance states, so a person reading ``airflow-stateful ls`` next to the Airflow
-UI sees the same words. A try can still run while its state is in :data:`CAN_RUN`; only :data:`FINISHED`
-outcomes let maintenance release state (see :mod:`airflow_stateful.core.lifetimes`). No Airflow import here:
+UI sees the same words. A try can still run while its state is in :data:`CAN_RUN`; only the others (success,
+failed, skipped) let maintenance release state (see :mod:`airflow_stateful.core.lifetimes`). No Airflow import here:
 the operator turns Airflow's objects into the plain numbers :func:`earliest_retry` takes.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_stateful.core.fields import Fields
-from airflow_stateful.core.timestamps import parse_iso, utcnow_iso
+from airflow_stateful.core.timestamps import utcnow_iso
 
 RUNNING = "running"
 SUCCESS = "success"
@@ -36,8 +36,6 @@ SKIPPED = "skipped"
 STATES = (RUNNING, SUCCESS, UP_FOR_RETRY, FAILED, UP_FOR_RESCHEDULE, DEFERRED, SKIPPED)
 CAN_RUN = frozenset({RUNNING, UP_FOR_RETRY, UP_FOR_RESCHEDULE, DEFERRED})
 """Outcomes after which Airflow runs the task again by itself: its state must be kept."""
-FINISHED = frozenset({SUCCESS, FAILED, SKIPPED})
-"""Outcomes after which only a person (clearing the task) runs it again."""
 
 MAX_RETRY_DELAY = 24 * 3600.0
 """Airflow's own cap on a computed retry delay (``abstractoperator.MAX_RETRY_DELAY``, one day)."""
@@ -106,14 +104,6 @@ class TryOutcome:
             raise ValueError(f"outcome state must be one of {', '.join(STATES)}, not {self.state!r}")
         if self.if_killed not in (None, UP_FOR_RETRY, FAILED):
             raise ValueError(f"if_killed must be up_for_retry or failed, not {self.if_killed!r}")
-
-    @property
-    def can_run(self) -> bool:
-        """Airflow will run the task again by itself (a retry, a reschedule, a trigger firing)."""
-        return self.state in CAN_RUN
-
-    def finished_at(self) -> float:
-        return parse_iso(self.at)
 
     def ended(
         self, *, state: str, now: float, retry_in: float | None = None, reason: str | None = None

@@ -31,6 +31,7 @@ from airflow_stateful.core.gc import (
     plan_gc,
 )
 from airflow_stateful.core.item_progress import ItemProgress
+from airflow_stateful.core.lifetimes import Lifetimes
 from airflow_stateful.core.retention import IdleFor
 from airflow_stateful.core.usage import DEFAULT_PRICE_PER_GB_MONTH, GB
 from airflow_stateful.hooks.airflow_api import AirflowApiHook
@@ -146,13 +147,15 @@ class StatefulGCOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         hook = StateHook(backend_url=self.backend_url, conn_id=self.conn_id)
         store = hook.get_store()
-        idle_for = parse_duration(self.idle_for, what="idle_for") if self.idle_for is not None else None
         groups = group_by_identity(store, self.prefix or "")
         settings = hook.settings
-        release = self._span(
-            self.release_after_success, settings.release_after_success, "release_after_success"
+        lives = Lifetimes.configured(
+            settings,
+            idle_for=self.idle_for,
+            release_after_success=self.release_after_success,
+            keep_failed_for=self.keep_failed_for,
         )
-        keep_failed = self._span(self.keep_failed_for, settings.keep_failed_for, "keep_failed_for")
+        idle_for = lives.idle_for
         conn_id = self.airflow_conn_id if self.airflow_conn_id is not None else settings.airflow_conn_id
         airflow = AirflowApiHook(airflow_conn_id=conn_id).run_states() if conn_id else None
         if airflow is None:
@@ -166,8 +169,8 @@ class StatefulGCOperator(BaseOperator):
         plan = plan_gc(
             store,
             idle_for=idle_for,
-            release_after_success=release,
-            keep_failed_for=keep_failed,
+            release_after_success=lives.release_after_success,
+            keep_failed_for=lives.keep_failed_for,
             airflow=airflow,
             keep_last=self.keep_last,
             min_age=parse_duration(self.min_age, what="min_age"),
@@ -219,15 +222,6 @@ class StatefulGCOperator(BaseOperator):
             "kept": [{"identity": p.identity, "lifetime": p.why} for p in plan.kept[:KEPT_IN_REPORT]],
             "airflow": airflow.base_url if airflow is not None else None,
         }
-
-    @staticmethod
-    def _span(given: timedelta | str | None, configured: float | None, what: str) -> timedelta | None:
-        if given is None:
-            return timedelta(seconds=configured) if configured else None
-        if isinstance(given, str) and given.strip().lower() in ("never", "off", "none", "0", ""):
-            return None
-        span = parse_duration(given, what=what)
-        return span or None
 
     def _send_plan_metrics(self, plan: GcPlan, idle_for: timedelta | None) -> dict[str, Any]:
         """Send the backlog and idle gauges of ``plan``; the same numbers for the report."""

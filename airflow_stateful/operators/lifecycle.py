@@ -123,9 +123,9 @@ def code_identity(context: Any, fingerprint: str | None) -> CodeIdentity:
     version = getattr(ti, "dag_version_id", None)
     bundle = getattr(ti, "bundle_instance", None)
     bundle_name = getattr(bundle, "name", None)
+    # The version the try runs (a Git bundle's commit; None for the unversioned DAG folder). dag.test() loads no
+    # bundle: then both are unknown.
     bundle_version = getattr(bundle, "version", None)
-    if bundle_version is None:
-        bundle_version = getattr(context.get("dag_run"), "bundle_version", None)
     return CodeIdentity(
         fingerprint=fingerprint,
         dag_version_id=str(version) if version else None,
