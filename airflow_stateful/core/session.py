@@ -378,8 +378,7 @@ class WriterSession:
         migrated = migrate(value, latest.schema_version, self.schema_version, self.migrations)
         # Committed before any user code runs, files kept. What the checkpoint's extra records (a resume
         # position, the pod's image) belongs to its run: carried only within the same run.
-        same_run = latest.writer.run_id == self.writer.run_id
-        carried = {k: v for k, v in latest.extra.items() if k != "rolled_back_from"} if same_run else None
+        carried = self._carried_extra(latest)
         info = self.commit(migrated, extra=carried)
         events.emit(events.RESUME, **resumed)
         log.info(
@@ -389,6 +388,14 @@ class WriterSession:
             self.schema_version,
             info.seq,
         )
+
+    def _carried_extra(self, source: Manifest) -> dict[str, Any] | None:
+        """What a checkpoint committed on this writer's behalf before its code runs (a migration, a pinned
+        checkpoint's copy) carries over from ``source``'s ``extra``: a resume position or the pod's image belong to
+        ``source``'s run, so only within the same run, and never the mark of an earlier rollback."""
+        if source.writer.run_id != self.writer.run_id:
+            return None
+        return {k: v for k, v in source.extra.items() if k != "rolled_back_from"}
 
     def _code_allows(self, latest: Manifest, origin: str) -> bool:
         """Apply ``on_code_change`` to a checkpoint of this schema; False: start fresh instead (``restart``).
@@ -422,8 +429,7 @@ class WriterSession:
         value = decode_value(
             pinned.value, pinned.value_codec, allowed=self.value_codec, where=f"checkpoint {pinned.seq}"
         )
-        same_run = pinned.writer.run_id == self.writer.run_id
-        carried = {k: v for k, v in pinned.extra.items() if k != "rolled_back_from"} if same_run else {}
+        carried = self._carried_extra(pinned) or {}
         copy = self.checkpoints.commit(
             self.lease,
             pinned.value,
