@@ -130,12 +130,7 @@ class Stack:
 
     # -- REST API ------------------------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.api + path, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=10) as response:
-            return json.loads(response.read() or b"null")
+        return rest_request(self.api, method, path, body)
 
     # -- diagnostics ---------------------------------------------------------------------------------------
     def diagnostics(self) -> str:
@@ -146,6 +141,17 @@ class Stack:
             if (self.home / name).exists():
                 parts.append(f"--- {name} ---\n{tail(self.home / name, 10)}")
         return "\n".join(parts)
+
+
+def rest_request(api: str, method: str, path: str, body: Any = None) -> Any:
+    """One call of Airflow's REST API at ``api`` (``http://127.0.0.1:PORT/api/v2``), JSON both ways; no login
+    (the stacks run with ``simple_auth_manager_all_admins`` on loopback)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        api + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as response:
+        return json.loads(response.read() or b"null")
 
 
 def tail(path: Path, lines: int) -> str:

@@ -45,6 +45,10 @@ def open_cs(backend: str, identity: Identity) -> CheckpointStore:
     return CheckpointStore(store=store, identity=identity, keep_last=5)
 
 
+LS_HEADER = ["IDENTITY", "SEQ", "KEPT", "BYTES", "EPOCH", "LEASE", "STATUS", "OUTCOME", "UPDATED"]
+"""The columns of `airflow-stateful ls`, as its table header prints them."""
+
+
 def cli(capsys: pytest.CaptureFixture[str], backend: str, *args: str) -> tuple[int, str, str]:
     code = main([*args, "--backend", backend])
     out, err = capsys.readouterr()
@@ -79,17 +83,7 @@ def test_ls_lists_identities_as_a_table_and_as_json(
     code, out, _ = cli(capsys, backend, "ls")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == [
-        "IDENTITY",
-        "SEQ",
-        "KEPT",
-        "BYTES",
-        "EPOCH",
-        "LEASE",
-        "STATUS",
-        "OUTCOME",
-        "UPDATED",
-    ]
+    assert lines[0].split() == LS_HEADER
     assert any(line.startswith(WATERMARK.key) and " 3 " in line for line in lines)
     code, out, _ = cli(capsys, backend, "ls", "--json")
     rows = {r["identity"]: r for r in json.loads(out)}

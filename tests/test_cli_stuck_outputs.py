@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from dag_helpers import find_dag, load_dag_module
-from test_cli import backend, cli  # noqa: F401 - `backend` is a fixture (a local directory and S3)
+from test_cli import LS_HEADER, backend, cli  # noqa: F401 - `backend` is a fixture (a local directory and S3)
 
 from airflow_stateful.cli.main import main
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession, store_from_url
@@ -114,17 +114,7 @@ def test_ls_shows_each_identitys_status_and_filters_by_it(
     code, out, _ = cli(capsys, url, "ls")
     assert code == 0
     header, *lines = out.splitlines()
-    assert header.split() == [
-        "IDENTITY",
-        "SEQ",
-        "KEPT",
-        "BYTES",
-        "EPOCH",
-        "LEASE",
-        "STATUS",
-        "OUTCOME",
-        "UPDATED",
-    ]
+    assert header.split() == LS_HEADER
     status_column = {line.split()[0]: line for line in lines}
     assert " stuck " in status_column[STUCK.key] and " dead " in status_column[DEAD.key]
 

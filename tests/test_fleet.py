@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from s3_endpoint import S3Endpoint
+from test_cli import LS_HEADER
 
 from airflow_stateful.cli.main import EXIT_OK, EXIT_PROBLEM, _cmd_du, _cmd_ls, build_parser
 from airflow_stateful.core import CheckpointStore, Identity
@@ -158,17 +159,7 @@ def test_ls_prints_the_same_rows_in_key_order_and_a_corrupt_head_as_its_own_erro
 
     code, table = ls(store, "etl/load/")
     lines = table.splitlines()
-    assert lines[0].split() == [
-        "IDENTITY",
-        "SEQ",
-        "KEPT",
-        "BYTES",
-        "EPOCH",
-        "LEASE",
-        "STATUS",
-        "OUTCOME",
-        "UPDATED",
-    ]
+    assert lines[0].split() == LS_HEADER
     assert [line.split()[0] for line in lines[1:]] == ["etl/load/part-1", "etl/load/part-2", "etl/load"]
     assert lines[2].split()[1:3] == ["error:", "CheckpointCorruptError:"]
     seq_column = lines[0].index("SEQ")

@@ -31,7 +31,6 @@ directory. It then raises if any process of the cluster is still alive.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -40,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -48,6 +46,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
+from airflow_stack import rest_request, tail
 
 from airflow_stateful.testing.s3_server import free_port
 
@@ -468,12 +467,7 @@ class Cluster:
 
     # -- what tests look at --------------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.api + path, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=10) as response:
-            return json.loads(response.read() or b"null")
+        return rest_request(self.api, method, path, body)
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         """Read the metadata database directly (what the REST API does not show, e.g. scheduler jobs)."""
@@ -522,13 +516,6 @@ class Cluster:
         if self.ledger.exists():
             parts.append(f"--- ledger ---\n{tail(self.ledger, 15)}")
         return "\n".join(parts)
-
-
-def tail(path: Path, lines: int) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(cannot read {path}: {exc})"
 
 
 def _zombie(pid: int) -> bool:
