@@ -10,7 +10,6 @@ clear error instead of guessing, so an old worker never misreads state written b
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -18,6 +17,10 @@ import socket
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from airflow_stateful.core.canonical import (
+    canonical_json as canonical_json,  # re-exported: every record's form
+)
+from airflow_stateful.core.canonical import sha256_hex as sha256_hex
 from airflow_stateful.core.code_identity import CodeIdentity
 from airflow_stateful.core.errors import CheckpointCorruptError, FormatVersionError
 from airflow_stateful.core.fields import Fields
@@ -26,6 +29,10 @@ from airflow_stateful.core.outcomes import TryOutcome
 from airflow_stateful.core.outputs import OutputRecord, outputs_from_json
 from airflow_stateful.core.timestamps import parse_iso
 from airflow_stateful.core.timestamps import utcnow_iso as utcnow_iso  # re-exported: records' one time format
+from airflow_stateful.core.trees import (
+    MAX_FILES as MAX_FILES,  # re-exported: the limits of a checkpoint's files
+)
+from airflow_stateful.core.trees import MAX_PATH as MAX_PATH
 from airflow_stateful.core.trees import TreeRef
 
 FORMAT_VERSION = 4
@@ -50,10 +57,6 @@ MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 """Largest manifest a head may point at; a reader also never reads more than the size the head recorded."""
 MAX_KEPT = 1000
 """Most checkpoints one head may list (``keep_last`` is capped at this)."""
-MAX_FILES = 1_000_000
-"""Most files one checkpoint may hold."""
-MAX_PATH = 4096
-"""Longest relative file path inside a checkpoint (PATH_MAX)."""
 MAX_EXPECTED_INTERVAL = 366 * 86400.0
 """Longest ``expected_checkpoint_interval`` a lease may declare (a year, in seconds)."""
 
@@ -68,17 +71,6 @@ DATA_DIR = "~data"
 def data_commit_of(key: str) -> str:
     """The commit id in a data object key ``<identity>/~data/<commit_id>/<n>``."""
     return key.split(f"/{DATA_DIR}/", 1)[1].split("/", 1)[0]
-
-
-def canonical_json(obj: Any) -> bytes:
-    """Deterministic JSON bytes: sorted keys, no NaN/Infinity (they are not JSON)."""
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _check_format(record: dict[str, Any], *, what: str) -> None:

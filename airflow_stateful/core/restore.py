@@ -21,11 +21,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from airflow_stateful.core import events
 from airflow_stateful.core.errors import CheckpointCorruptError, ObjectNotFoundError
 from airflow_stateful.core.files import check_distinct_paths, check_restore_targets, safe_relative
+from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.progress import TransferProgress
 from airflow_stateful.core.records import Manifest, manifest_key
 from airflow_stateful.core.restore_modes import (
@@ -37,11 +38,28 @@ from airflow_stateful.core.restore_modes import (
     not_in_checkpoint,
     refuse_unless_empty,
 )
+from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.transfer import download_files
-from airflow_stateful.core.trees import ChunkRef, TreeFile
+from airflow_stateful.core.trees import ChunkRef, Tree, TreeFile
 
-if TYPE_CHECKING:
-    from airflow_stateful.core.checkpoint_store import CheckpointStore
+
+class Restorable(Protocol):
+    """What a restore needs of one identity's checkpoints (a
+    :class:`~airflow_stateful.core.checkpoint_store.CheckpointStore` is one): where the bytes are, whose they are,
+    how many to move at once, and a checkpoint's verified tree. A protocol, so this module, which the checkpoint
+    store calls, never imports it back."""
+
+    @property
+    def store(self) -> ObjectStore: ...
+
+    @property
+    def identity(self) -> Identity: ...
+
+    @property
+    def parallelism(self) -> int: ...
+
+    def tree(self, manifest: Manifest) -> Tree | None: ...
+
 
 log = logging.getLogger("airflow_stateful")
 
@@ -59,7 +77,7 @@ class ChunkCache:
 
 
 def restore_files(
-    checkpoints: CheckpointStore,
+    checkpoints: Restorable,
     manifest: Manifest,
     dest: str | Path,
     *,
@@ -101,7 +119,7 @@ def prepare(dest: Path, mode: str) -> None:
 
 
 def _restore_legacy(
-    checkpoints: CheckpointStore, manifest: Manifest, dest: Path, *, where: str, mode: str
+    checkpoints: Restorable, manifest: Manifest, dest: Path, *, where: str, mode: str
 ) -> RestoreResult:
     """Format 1: whole-file objects, each through the store's verifying download."""
     identity = checkpoints.identity
@@ -132,7 +150,7 @@ def _restore_legacy(
 
 
 def restore_tree_files(
-    checkpoints: CheckpointStore,
+    checkpoints: Restorable,
     files: list[TreeFile],
     dest: str | Path,
     *,
@@ -174,7 +192,7 @@ def restore_tree_files(
 
 
 def _restore(
-    checkpoints: CheckpointStore,
+    checkpoints: Restorable,
     dest: Path,
     paths: list[str],
     total: int,

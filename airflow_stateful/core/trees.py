@@ -24,8 +24,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_stateful.core.canonical import canonical_json
 from airflow_stateful.core.errors import CheckpointCorruptError
 from airflow_stateful.core.fields import Fields
+
+MAX_FILES = 1_000_000
+"""Most files one checkpoint may hold."""
+MAX_PATH = 4096
+"""Longest relative file path inside a checkpoint (PATH_MAX)."""
 
 TREE_DIR = "~trees"
 CHUNK_DIR = "~chunks"
@@ -91,8 +97,6 @@ class TreeFile:
 
     @classmethod
     def from_json(cls, data: Any, *, identity: str, what: str) -> TreeFile:
-        from airflow_stateful.core.records import MAX_PATH
-
         f = Fields(data, what=what)
         path, size = f.text("path", max_len=MAX_PATH), f.integer("size", maximum=1 << 50)
         chunks = tuple(
@@ -122,15 +126,11 @@ class Tree:
         return {c.key for f in self.files for c in f.chunks}
 
     def to_bytes(self) -> bytes:
-        from airflow_stateful.core.records import canonical_json
-
         body = {"format": TREE_FORMAT, "identity": self.identity, "files": [f.to_json() for f in self.files]}
         return canonical_json(body) + b"\n"
 
     @classmethod
     def from_bytes(cls, data: bytes, *, key: str, identity: str) -> Tree:
-        from airflow_stateful.core.records import MAX_FILES
-
         what = f"tree {key!r}"
         try:
             body = json.loads(data)
@@ -167,8 +167,6 @@ class TreeRef:
 
     @classmethod
     def from_json(cls, data: Any, *, identity: str, what: str) -> TreeRef:
-        from airflow_stateful.core.records import MAX_FILES
-
         f = Fields(data, what=what)
         sha256 = f.sha256("sha256")
         return cls(

@@ -19,7 +19,7 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-URL_PREFIX = "/stateful"
+from airflow_stateful.plugins.view_urls import URL_PREFIX
 
 
 class ServeView:

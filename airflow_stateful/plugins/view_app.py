@@ -51,11 +51,11 @@ from airflow_stateful.core.identity import Identity
 from airflow_stateful.core.records import HeadRecord
 from airflow_stateful.core.status import STATUSES
 from airflow_stateful.core.stores.base import ObjectStore
-from airflow_stateful.plugins.stateful_view import URL_PREFIX
 from airflow_stateful.plugins.view_access import Viewer, ViewerDep, checked_identity, checked_prefix
 from airflow_stateful.plugins.view_rows import Bounds, Entry, Listing, collect, history_of
 from airflow_stateful.plugins.view_run import dag_run_tab
 from airflow_stateful.plugins.view_task import TabView, run_path, task_instance_tab, ti_path
+from airflow_stateful.plugins.view_urls import URL_PREFIX
 
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 2000

@@ -28,7 +28,7 @@ from airflow_stateful.core.progress import human_bytes
 from airflow_stateful.core.records import HeadRecord, parse_iso
 from airflow_stateful.core.status import work_status
 from airflow_stateful.core.stores.base import ObjectStore
-from airflow_stateful.plugins.stateful_view import URL_PREFIX
+from airflow_stateful.plugins.view_urls import URL_PREFIX
 
 
 def human_age(seconds: float) -> str:
