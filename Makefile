@@ -16,12 +16,15 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ is needed, this is " + sys.version'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,kubernetes,bench]'
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,dev,kubernetes,bench]'
 	@touch $(STAMP)
 
 install: $(STAMP)
 
+# The import contracts (pyproject.toml [tool.importlinter]: the core's layers, no Airflow in the core, no import
+# circle) run first: a wrong import fails `make test`, and so CI, not only `make lint`.
 test: $(STAMP) promtool
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # promtool validates deploy/prometheus/ in tests/test_alert_rules.py. It is not on PyPI; Debian's `prometheus`
@@ -53,6 +56,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

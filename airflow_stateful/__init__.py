@@ -21,7 +21,7 @@ _LAZY = {
     "StateHook": "airflow_stateful.hooks.state",
     "StatefulGCOperator": "airflow_stateful.operators.gc",
     "StatefulStuckCheckOperator": "airflow_stateful.operators.stuck",
-    "S3StateStoreBackend": "airflow_stateful.backends.task_state_store",
+    "S3StateStoreBackend": "airflow_stateful.state_store",
     "StatefulError": "airflow_stateful.core.errors",
     "FencedError": "airflow_stateful.core.errors",
     "CheckpointCorruptError": "airflow_stateful.core.errors",
@@ -30,11 +30,11 @@ _LAZY = {
     "CursorMismatchError": "airflow_stateful.core.errors",
     "MigrationError": "airflow_stateful.core.errors",
     "CodeChangedError": "airflow_stateful.core.errors",
-    "CodeIdentity": "airflow_stateful.core.code_identity",
-    "TryOutcome": "airflow_stateful.core.outcomes",
+    "CodeIdentity": "airflow_stateful.core.records.code_identity",
+    "TryOutcome": "airflow_stateful.core.records.outcomes",
     "InvalidValueError": "airflow_stateful.core.errors",
-    "Identity": "airflow_stateful.core.identity",
-    "CheckpointStore": "airflow_stateful.core.checkpoint_store",
+    "Identity": "airflow_stateful.core.records.identity",
+    "CheckpointStore": "airflow_stateful.core.protocol.checkpoint_store",
 }
 
 __all__ = ["__version__", *_LAZY]

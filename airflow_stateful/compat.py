@@ -5,7 +5,7 @@ Task SDK grew between those releases: 3.1 has no ``AirflowFailException`` in ``a
 ``airflow.sdk.conf`` and no ``airflow.sdk.observability``. Each name is taken from the SDK first (the
 supported home from 3.2/3.3 on) and from its 3.1 home otherwise, so task code raises the class the running
 task runner catches. Features that exist only in newer Airflow (the 3.3 task state store) say so where they
-are used instead (see :mod:`airflow_stateful.backends.task_state_store`).
+are used instead (see :mod:`airflow_stateful.state_store`).
 
 Imported lazily by the modules that need Airflow: the storage core never imports this.
 """

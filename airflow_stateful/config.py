@@ -1,6 +1,6 @@
 """The ``[stateful]`` configuration section, read from Airflow's configuration.
 
-The defaults and the validation live in :mod:`airflow_stateful.core.config` (shared with the in-pod client);
+The defaults and the validation live in :mod:`airflow_stateful.core.settings` (shared with the in-pod client);
 this module only knows where Airflow keeps the raw text.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from airflow_stateful.core.config import SECTION, StatefulSettings
+from airflow_stateful.core.settings import SECTION, StatefulSettings
 
 __all__ = ["SECTION", "StatefulSettings", "default_backend_url", "load_settings"]
 

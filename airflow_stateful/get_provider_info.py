@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_stateful.core import config
+from airflow_stateful.core.settings import CONN_ID, KEEP_LAST, LEASE_GRACE, LEASE_TTL, RESTORE_CACHE_MAX_BYTES
 from airflow_stateful.version import __version__
 
 _ADDED = "0.1.0"
@@ -107,7 +107,7 @@ def get_provider_info() -> dict[str, Any]:
                         "version_added": _ADDED,
                         "type": "string",
                         "example": "minio_state",
-                        "default": config.CONN_ID,
+                        "default": CONN_ID,
                     },
                     "lease_ttl": {
                         "description": (
@@ -120,7 +120,7 @@ def get_provider_info() -> dict[str, Any]:
                         "version_added": _ADDED,
                         "type": "integer",
                         "example": "600",
-                        "default": str(config.LEASE_TTL),
+                        "default": str(LEASE_TTL),
                     },
                     "lease_grace": {
                         "description": (
@@ -131,7 +131,7 @@ def get_provider_info() -> dict[str, Any]:
                         "version_added": "0.2.0",
                         "type": "integer",
                         "example": "60",
-                        "default": str(config.LEASE_GRACE),
+                        "default": str(LEASE_GRACE),
                     },
                     "signing_conn_id": {
                         "description": (
@@ -161,7 +161,7 @@ def get_provider_info() -> dict[str, Any]:
                         "version_added": _ADDED,
                         "type": "integer",
                         "example": "3",
-                        "default": str(config.KEEP_LAST),
+                        "default": str(KEEP_LAST),
                     },
                     # No default here on purpose: Airflow would store it as the option's value, and an empty
                     # value must stay distinguishable from "not set" (empty turns the cache off).
@@ -190,7 +190,7 @@ def get_provider_info() -> dict[str, Any]:
                         "version_added": "0.2.0",
                         "type": "integer",
                         "example": "4294967296",
-                        "default": str(config.RESTORE_CACHE_MAX_BYTES),
+                        "default": str(RESTORE_CACHE_MAX_BYTES),
                     },
                     "expected_checkpoint_interval": {
                         "description": (

@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_stateful.core import events
-from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.records.identity import Identity
 
 PREFIX = "stateful"
 

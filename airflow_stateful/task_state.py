@@ -1,7 +1,7 @@
 """TaskState: what a stateful task's code touches — the last value, saving, file checkpoints, resuming loops.
 
 A TaskState is handed to the task by :class:`~airflow_stateful.operators.stateful.StatefulOperator` on top of
-an open :class:`~airflow_stateful.core.session.WriterSession`: the session holds the lease (fencing every
+an open :class:`~airflow_stateful.core.protocol.session.WriterSession`: the session holds the lease (fencing every
 earlier try) and renews it while the task computes, and it has already loaded, verified and migrated the
 newest checkpoint. TaskState adds what task code wants on top: a value to carry, ``save``, and ``resume``
 loops with their positions. It imports no Airflow: the operator turns its signals into Airflow's.
@@ -11,7 +11,7 @@ task sees: :attr:`~TaskState.value`, :attr:`~TaskState.checkpoint` and the resum
 committed ones (or what the task itself set since).
 
 **Saving in the background** (``save(..., wait=False)``). The call snapshots what it commits — the value
-encoded at once, the files copied into a staging directory (:mod:`airflow_stateful.core.snapshot`: an
+encoded at once, the files copied into a staging directory (:mod:`airflow_stateful.core.data.snapshot`: an
 in-kernel copy, about 0.1 s for 256 MiB, or a reflink) — and returns a :class:`PendingSave`; the upload and
 the commit run in a thread. The rules, and why:
 
@@ -41,7 +41,7 @@ the commit run in a thread. The rules, and why:
 restore_cache_dir``): a save with files keeps the chunks it committed in a directory on the worker, and
 :meth:`TaskState.restore_files` takes chunks from there before downloading, each verified against the SHA-256
 the checkpoint records. So a retry on the same machine restores the files its failed try saved without
-downloading them again (see :mod:`airflow_stateful.core.chunk_cache`). The cache can only save downloads:
+downloading them again (see :mod:`airflow_stateful.core.data.chunk_cache`). The cache can only save downloads:
 a file in it that does not match is deleted and the chunk downloaded, and a cache that fails is skipped.
 """
 
@@ -58,10 +58,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
-from airflow_stateful.core.chunk_cache import CacheStats, LocalChunkCache
-from airflow_stateful.core.code_identity import CodeIdentity
-from airflow_stateful.core.codecs import encode_value
-from airflow_stateful.core.cursors import (
+from airflow_stateful.core.data.chunk_cache import CacheStats, LocalChunkCache
+from airflow_stateful.core.data.restore_modes import RestoreResult
+from airflow_stateful.core.data.snapshot import FileSnapshot, snapshot_files, snapshot_value
+from airflow_stateful.core.data.transfer_progress import human_bytes
+from airflow_stateful.core.errors import InvalidValueError, StopRequested
+from airflow_stateful.core.protocol.effects import effect_key
+from airflow_stateful.core.protocol.resume import ON_CHANGE, Walk
+from airflow_stateful.core.protocol.session import WriterSession
+from airflow_stateful.core.records.code_identity import CodeIdentity
+from airflow_stateful.core.records.codecs import encode_value
+from airflow_stateful.core.records.cursors import (
     CURSORS,
     MAX_NAME,
     Cursor,
@@ -70,16 +77,11 @@ from airflow_stateful.core.cursors import (
     parse_cursors,
     read_cursors,
 )
-from airflow_stateful.core.effects import effect_key
-from airflow_stateful.core.errors import InvalidValueError, StopRequested
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.outputs import OutputInfo
-from airflow_stateful.core.progress import human_bytes
-from airflow_stateful.core.records import CheckpointEntry, Manifest, WriterInfo
-from airflow_stateful.core.restore_modes import RestoreResult
-from airflow_stateful.core.resume import ON_CHANGE, Walk
-from airflow_stateful.core.session import WriterSession
-from airflow_stateful.core.snapshot import FileSnapshot, snapshot_files, snapshot_value
+from airflow_stateful.core.records.heads import CheckpointEntry
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.manifests import Manifest
+from airflow_stateful.core.records.outputs import OutputInfo
+from airflow_stateful.core.records.writer import WriterInfo
 
 log = logging.getLogger("airflow_stateful")
 
@@ -217,7 +219,7 @@ class TaskState:
     :param checkpoint_interval: default for :meth:`resume`: commit at least this often.
     :param clock: monotonic seconds, for ``checkpoint_interval``; injectable for tests.
     :param staging_dir: where ``save(files=..., wait=False)`` copies the files it snapshots; default: a
-        hidden ``.stateful-staging`` directory beside the saved path (see :mod:`airflow_stateful.core.snapshot`).
+        hidden ``.stateful-staging`` directory beside the saved path (see :mod:`airflow_stateful.core.data.snapshot`).
     :param restore_cache: the worker's restore cache: saves with files fill it and :meth:`restore_files` reads
         it before downloading (every chunk verified); default ``None``: every restore downloads.
     """
@@ -320,7 +322,7 @@ class TaskState:
         id, a Kafka transactional id prefix): a retry redoing the work after the last checkpoint sends the same
         key, and the system drops the repeat. Different for another run (unless the identity is named: it spans
         runs), task or map index, and for another
-        name: name each effect (``f"invoice-{n}"``). See :mod:`airflow_stateful.core.effects`.
+        name: name each effect (``f"invoice-{n}"``). See :mod:`airflow_stateful.core.protocol.effects`.
         """
         return effect_key(self._session.identity, name)
 
@@ -579,7 +581,7 @@ class TaskState:
             including it, wherever it now is. It assumes the items before the last key are finished (a stable
             order: new items last). Without ``key=`` a retry skips as many items as were finished, which is right
             only if the iterable yields the same items in the same order; a fingerprint of the first items
-            catches most changes (see :mod:`airflow_stateful.core.resume`).
+            catches most changes (see :mod:`airflow_stateful.core.protocol.resume`).
         :param cursor: the cursor's name, when a task has more than one resumable loop.
         :param on_change: what a retry does when the iterable changed under the cursor: ``"fail"`` (default)
             raises :class:`~airflow_stateful.core.errors.CursorMismatchError` (the operator fails the try

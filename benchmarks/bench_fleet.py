@@ -64,10 +64,12 @@ from botocore.config import Config
 
 from airflow_stateful.cli.main import _cmd_ls, build_parser
 from airflow_stateful.cli.output import emit
-from airflow_stateful.core.catalog import HEAD_READERS, list_identities, read_heads
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import HEAD_NAME, HeadRecord, canonical_json, sha256_hex
+from airflow_stateful.core.fleet.catalog import HEAD_READERS, list_identities, read_heads
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.canonical import canonical_json, sha256_hex
+from airflow_stateful.core.records.formats import HEAD_NAME
+from airflow_stateful.core.records.heads import HeadRecord
+from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.stores.s3 import S3ObjectStore

@@ -4,7 +4,7 @@ Run it with ``.venv/bin/python benchmarks/bench_restore_cache.py`` (``--help`` f
 the default 1 GiB on two cores, ``--quick`` about half that). It starts moto's S3 server on 127.0.0.1 in a
 subprocess (:class:`~airflow_stateful.testing.s3_server.MotoServer`), commits one N MiB file of random bytes
 (default 1024) as a checkpoint, stores the same bytes as one plain object, fills a
-:class:`~airflow_stateful.core.chunk_cache.LocalChunkCache` with one untimed restore, and then times,
+:class:`~airflow_stateful.core.data.chunk_cache.LocalChunkCache` with one untimed restore, and then times,
 interleaved (the order rotates every repetition, so no side always runs first, on a warmer server):
 
 * **baseline**: ``boto3 download_file`` of the same bytes as one object (what a task without this library
@@ -56,7 +56,7 @@ from bench_store import (  # the same helpers as the store benchmark (this folde
 )
 
 from airflow_stateful.core import CheckpointStore, Identity
-from airflow_stateful.core.chunk_cache import LocalChunkCache
+from airflow_stateful.core.data.chunk_cache import LocalChunkCache
 from airflow_stateful.core.stores.s3 import MIB, S3ObjectStore
 from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer
 

@@ -78,8 +78,8 @@ from bench_rows import moto_endpoint, sides_row, write_json_out  # this folder
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.stores.s3 import MIB, S3ObjectStore
 from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer
 

@@ -75,12 +75,12 @@ from bench_store import (  # the store benchmark's rig (this folder)
     write_random_file,
 )
 
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.chunking import iter_chunks
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.lease import Lease
-from airflow_stateful.core.records import WriterInfo
-from airflow_stateful.core.session import WriterSession
+from airflow_stateful.core.data.chunking import iter_chunks
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.protocol.lease import Lease
+from airflow_stateful.core.protocol.session import WriterSession
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.s3 import MIB, S3ObjectStore
 from airflow_stateful.task_state import TaskState
 from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import HEAD_NAME, WriterInfo, canonical_json, sha256_hex
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.canonical import canonical_json, sha256_hex
+from airflow_stateful.core.records.formats import HEAD_NAME
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 
 START = 1_800_000_000.0  # 2027-01-15T08:00:00Z

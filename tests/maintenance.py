@@ -26,8 +26,9 @@ from airflow_stateful.core.errors import (
     ObjectNotFoundError,
     StoreError,
 )
-from airflow_stateful.core.gc import apply_gc, group_by_identity, plan_gc
-from airflow_stateful.core.records import HEAD_NAME, canonical_json, sha256_hex
+from airflow_stateful.core.fleet.gc import apply_gc, group_by_identity, plan_gc
+from airflow_stateful.core.records.canonical import canonical_json, sha256_hex
+from airflow_stateful.core.records.formats import HEAD_NAME
 from airflow_stateful.core.stores.base import Blob, ObjectInfo, ObjectStore, ProgressCallback, StoredFile
 
 

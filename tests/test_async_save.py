@@ -29,9 +29,9 @@ from maintenance import OutageStore, keys, tree
 from test_stateful_tasks import checkpoints, run_dag, task_instance, write_dag
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession
-from airflow_stateful.core.cursors import cursor_position
+from airflow_stateful.core.data.snapshot import STAGING_DIRNAME, snapshot_files, staging_roots, sweep_staging
 from airflow_stateful.core.errors import FencedError, InvalidValueError, StopRequested, StoreError
-from airflow_stateful.core.snapshot import STAGING_DIRNAME, snapshot_files, staging_roots, sweep_staging
+from airflow_stateful.core.records.cursors import cursor_position
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.task_state import PendingSave, TaskState
@@ -399,7 +399,7 @@ def test_a_writer_sigkilled_mid_upload_leaves_the_last_good_checkpoint(
 LIVE_STAGER = textwrap.dedent(
     """
     import os, sys, time
-    from airflow_stateful.core.snapshot import snapshot_files
+    from airflow_stateful.core.data.snapshot import snapshot_files
 
     snapshot = snapshot_files(sys.argv[1], staging_root=sys.argv[2])
     print(snapshot.entry, flush=True)

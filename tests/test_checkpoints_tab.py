@@ -20,9 +20,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from view_server import chromium_or_skip, screenshot, serve_view
 
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import WriterInfo
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.plugins.stateful_view import StatefulPlugin
@@ -499,7 +499,7 @@ def test_the_tab_marks_pinned_checkpoints_and_says_how_the_newest_try_ended(
 ) -> None:
     """A deploy rollback's pin and the newest try's outcome, as the head records them, on the page and in JSON;
     a pin's reason comes from storage, so it is shown as escaped text."""
-    from airflow_stateful.core.outcomes import starting
+    from airflow_stateful.core.records.outcomes import starting
 
     cs = CheckpointStore(store=store, identity=ENRICH, clock=lambda: NOW - 60)
     start = starting(now=NOW - 60, try_number=2, max_tries=3, run_id=RUN, will_retry=True, retry_delay=300)

@@ -1,4 +1,4 @@
-"""The worker's restore cache (``core/chunk_cache.py``) on real stores: the local store, moto's S3 server,
+"""The worker's restore cache (``core/data/chunk_cache.py``) on real stores: the local store, moto's S3 server,
 real directories, several processes, and an Airflow retry under ``dag.test()``.
 
 What a cache may change is how many chunks are downloaded, never the bytes a restore produces: every test
@@ -31,13 +31,13 @@ import pytest
 from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity
-from airflow_stateful.core.chunk_cache import LocalChunkCache, restore_cache_for
-from airflow_stateful.core.config import RESTORE_CACHE_MAX_BYTES, StatefulSettings
+from airflow_stateful.core.data.chunk_cache import LocalChunkCache, restore_cache_for
 from airflow_stateful.core.errors import ConfigurationError
-from airflow_stateful.core.records import Manifest
+from airflow_stateful.core.records.manifests import Manifest
+from airflow_stateful.core.records.trees import ChunkRef
+from airflow_stateful.core.settings import RESTORE_CACHE_MAX_BYTES, StatefulSettings
 from airflow_stateful.core.stores.base import Blob, ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
-from airflow_stateful.core.trees import ChunkRef
 
 MIB = 1024 * 1024
 IDENTITY = Identity.parse("cache_dag/train/run=r1/map=-1")
@@ -283,7 +283,7 @@ WORKER = textwrap.dedent(
     import hashlib, json, sys
     from pathlib import Path
     from airflow_stateful.core import CheckpointStore, Identity
-    from airflow_stateful.core.chunk_cache import LocalChunkCache
+    from airflow_stateful.core.data.chunk_cache import LocalChunkCache
     from airflow_stateful.core.stores.local import LocalObjectStore
 
     store_root, cache_dir, cap, out, rounds = sys.argv[1:6]
@@ -348,8 +348,8 @@ def test_two_processes_sharing_the_cache_restore_correctly(cap_mib: int, tmp_pat
 HAMMER = textwrap.dedent(
     """
     import hashlib, json, sys, time
-    from airflow_stateful.core.chunk_cache import LocalChunkCache
-    from airflow_stateful.core.trees import ChunkRef
+    from airflow_stateful.core.data.chunk_cache import LocalChunkCache
+    from airflow_stateful.core.records.trees import ChunkRef
 
     role, cache_dir, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     blobs = [hashlib.sha256(str(n).encode()).digest() * 32768 for n in range(8)]  # 1 MiB each
@@ -562,7 +562,7 @@ def test_provider_documents_the_options() -> None:
 # -- TaskState fills the cache when it saves ------------------------------------------------------------------
 def test_task_state_saves_fill_the_cache_and_a_retry_restores_from_it(tmp_path: Path) -> None:
     from airflow_stateful.core import WriterInfo
-    from airflow_stateful.core.session import WriterSession
+    from airflow_stateful.core.protocol.session import WriterSession
     from airflow_stateful.task_state import TaskState
 
     store = CountingLocalStore(root=tmp_path / "store")

@@ -183,7 +183,7 @@ def test_rollback_of_a_pickled_checkpoint_restores_the_value_not_its_text(
     capsys: pytest.CaptureFixture[str], backend: str
 ) -> None:
     """The copy is the same pickle, byte for byte; the CLI never unpickles anything to make it."""
-    from airflow_stateful.core.codecs import decode_value
+    from airflow_stateful.core.records.codecs import decode_value
 
     identity = Identity.for_task(dag_id="ml", task_id="fit", run_id="manual__1")
     cs = open_cs(backend, identity)

@@ -29,7 +29,7 @@ from test_cli import LS_HEADER, backend, cli  # noqa: F401 - `backend` is a fixt
 
 from airflow_stateful.cli.main import main
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession, store_from_url
-from airflow_stateful.core.records import HEAD_NAME
+from airflow_stateful.core.records.formats import HEAD_NAME
 from airflow_stateful.core.stores.base import ObjectStore
 
 STUCK = Identity.for_task(dag_id="etl", task_id="stuck", run_id="r1")
@@ -390,7 +390,7 @@ from airflow.sdk import dag
 
 from airflow_stateful import TaskState, stateful_task
 from airflow_stateful.core import store_from_url
-from airflow_stateful.core.stuck import find_stuck
+from airflow_stateful.core.fleet.stuck import find_stuck
 
 OUT = Path(__OUT__)
 URL = __URL__

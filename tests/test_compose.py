@@ -463,7 +463,7 @@ def test_killable_batch_runs_to_the_end_when_nobody_kills_it(
 
     assert (tmp_path / "pids.csv").read_text() == f"1,{os.getpid()}\n", "dag.test() runs the task in-process"
     from airflow_stateful.core import CheckpointStore, Identity, store_from_url
-    from airflow_stateful.core.cursors import cursor_position
+    from airflow_stateful.core.records.cursors import cursor_position
 
     identity = Identity.for_task(dag_id="killable_batch", task_id="crunch", run_id=run.run_id)
     latest = CheckpointStore(store=store_from_url((tmp_path / "state").as_uri()), identity=identity).latest()

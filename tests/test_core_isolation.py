@@ -150,8 +150,8 @@ def test_top_package_and_provider_info_stay_lazy(fake_airflow: Path) -> None:
         report = run_child("top", **kwargs)
         assert report["ran"]["provider_name"] == "airflow-provider-stateful"
         assert report["ran"]["lazy"] == [
-            "airflow_stateful.core.identity",
-            "airflow_stateful.core.checkpoint_store",
+            "airflow_stateful.core.records.identity",
+            "airflow_stateful.core.protocol.checkpoint_store",
         ]
         assert report["airflow_modules"] == [], kwargs
 

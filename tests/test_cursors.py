@@ -16,7 +16,6 @@ import pytest
 from test_stateful_tasks import checkpoints, run_dag, task_instance, write_dag
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo
-from airflow_stateful.core.cursors import Cursor, cursor_position, parse_cursors
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
     CursorMismatchError,
@@ -24,7 +23,8 @@ from airflow_stateful.core.errors import (
     InvalidValueError,
     StopRequested,
 )
-from airflow_stateful.core.session import WriterSession
+from airflow_stateful.core.protocol.session import WriterSession
+from airflow_stateful.core.records.cursors import Cursor, cursor_position, parse_cursors
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.task_state import TaskState
 
@@ -234,7 +234,7 @@ def test_items_without_a_stable_encoding_store_no_fingerprint_and_say_so(
 def test_sets_and_other_stable_objects_are_fingerprinted_or_not_as_documented(tmp_path: Path) -> None:
     from datetime import date
 
-    from airflow_stateful.core.resume import item_digest
+    from airflow_stateful.core.protocol.resume import item_digest
 
     assert item_digest({"b": [1, 2.5], "a": None}) == item_digest({"a": None, "b": (1, 2.5)})
     assert item_digest(1) != item_digest(True) != item_digest("1")

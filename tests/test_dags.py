@@ -40,7 +40,7 @@ def test_resumable_batch_retry_resumes_from_checkpoint_on_local_store(
     assert tries[1] == list(range(0, 37)), "try 1 handles items 0..36, then dies at item 37"
     assert tries[2] == list(range(30, 100)), "try 2 resumes from checkpoint next=30, not from 0"
     from airflow_stateful.core import CheckpointStore, Identity, store_from_url
-    from airflow_stateful.core.cursors import cursor_position
+    from airflow_stateful.core.records.cursors import cursor_position
 
     identity = Identity.for_task(dag_id="resumable_batch", task_id="crunch", run_id=run_id)
     store = store_from_url((airflow_home / "stateful").as_uri())

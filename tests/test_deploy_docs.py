@@ -37,10 +37,15 @@ from s3_endpoint import S3Endpoint
 
 from airflow_stateful.cli import main as cli_main
 from airflow_stateful.core import CheckpointStore, Identity
-from airflow_stateful.core.config import StatefulSettings
-from airflow_stateful.core.records import WriterInfo
-from airflow_stateful.core.session import WriterSession
-from airflow_stateful.core.state_documents import KeyValueStore, collect_expired, object_key, task_prefix
+from airflow_stateful.core.protocol.session import WriterSession
+from airflow_stateful.core.protocol.state_documents import (
+    KeyValueStore,
+    collect_expired,
+    object_key,
+    task_prefix,
+)
+from airflow_stateful.core.records.writer import WriterInfo
+from airflow_stateful.core.settings import StatefulSettings
 from airflow_stateful.core.stores.s3 import S3ObjectStore
 
 pytestmark = pytest.mark.s3

@@ -59,7 +59,7 @@ pytest.importorskip("airflow.providers.celery", reason="the distributed tests ne
 from distributed.cluster import HEARTBEAT_TIMEOUT, SCHEDULERS, WORKERS, Cluster, running_cluster  # noqa: E402
 
 from airflow_stateful.core import CheckpointStore, Identity, Manifest, store_from_url  # noqa: E402
-from airflow_stateful.core.cursors import cursor_position  # noqa: E402
+from airflow_stateful.core.records.cursors import cursor_position  # noqa: E402
 
 DAG_FILE = Path(__file__).resolve().parent / "distributed" / "dags" / "distributed_batch.py"
 DAG_ID = "distributed_batch"

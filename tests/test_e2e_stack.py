@@ -107,7 +107,7 @@ def stack(tmp_path: Path, moto: MotoServer) -> Iterator[Stack]:
 
 def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack, moto: MotoServer) -> None:
     from airflow_stateful.core import CheckpointStore, Identity
-    from airflow_stateful.core.cursors import cursor_position
+    from airflow_stateful.core.records.cursors import cursor_position
     from airflow_stateful.core.stores.s3 import S3ObjectStore
 
     t0 = time.monotonic()

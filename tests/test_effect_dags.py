@@ -24,7 +24,7 @@ from dag_helpers import load_dag_module
 from test_examples import checkpoint_store, ledger, returned, state_url
 
 from airflow_stateful.core import Identity
-from airflow_stateful.core.effects import effect_key
+from airflow_stateful.core.protocol.effects import effect_key
 
 pytestmark = pytest.mark.airflow
 __all__ = ["ledger", "state_url"]  # the fixtures of test_examples.py, used here (and so not unused imports)

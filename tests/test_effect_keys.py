@@ -13,8 +13,8 @@ import pytest
 from test_stateful_tasks import run_dag, write_dag
 
 from airflow_stateful.core import Identity
-from airflow_stateful.core.effects import effect_key
 from airflow_stateful.core.errors import InvalidValueError
+from airflow_stateful.core.protocol.effects import effect_key
 
 KEY = re.compile(r"^stateful-[0-9a-f]{40}$")
 IDENTITY = Identity.for_task(dag_id="billing", task_id="charge", run_id="manual__1")

@@ -25,11 +25,11 @@ from test_cli import LS_HEADER
 
 from airflow_stateful.cli.main import EXIT_OK, EXIT_PROBLEM, _cmd_du, _cmd_ls, build_parser
 from airflow_stateful.core import CheckpointStore, Identity
-from airflow_stateful.core.catalog import HEAD_READERS, list_identities, ordered_map, read_heads
-from airflow_stateful.core.config import StatefulSettings
 from airflow_stateful.core.errors import CheckpointCorruptError
-from airflow_stateful.core.gc import plan_gc
-from airflow_stateful.core.records import HEAD_NAME
+from airflow_stateful.core.fleet.catalog import HEAD_READERS, list_identities, ordered_map, read_heads
+from airflow_stateful.core.fleet.gc import plan_gc
+from airflow_stateful.core.records.formats import HEAD_NAME
+from airflow_stateful.core.settings import StatefulSettings
 from airflow_stateful.core.stores import local as local_module
 from airflow_stateful.core.stores.base import Blob, CommonPrefix, ObjectInfo, ObjectStore, StoredFile
 from airflow_stateful.core.stores.local import LocalObjectStore
@@ -418,7 +418,7 @@ def test_gc_plans_identities_in_parallel_in_key_order(
     plan = plan_gc(store, keep_last=1, now=time.time())
     assert store.most >= 4, "several identities were planned at once"
     assert [p.identity for p in plan.identities] == keys, "every identity keeps too many, in key order"
-    monkeypatch.setattr("airflow_stateful.core.gc.HEAD_READERS", 1)
+    monkeypatch.setattr("airflow_stateful.core.fleet.gc.HEAD_READERS", 1)
     serial = plan_gc(store, keep_last=1, now=plan.now)
     assert [(p.identity, p.reasons, p.keep) for p in plan.identities] == [
         (p.identity, p.reasons, p.keep) for p in serial.identities

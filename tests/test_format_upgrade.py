@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from airflow_stateful.core import CheckpointStore, Identity
-from airflow_stateful.core.records import PLAIN_FORMAT
+from airflow_stateful.core.records.formats import PLAIN_FORMAT
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 
@@ -211,8 +211,8 @@ def test_a_release_that_reads_only_format_2_refuses_a_head_with_outputs_and_its_
     """A worker or GC still on the previous release must not misread outputs it does not know: it refuses the
     format-3 head, and its GC deletes none of the outputs' objects (which would look unreferenced to it). Measured:
     the old GC stops with the same FormatVersionError, so an upgrade of only some machines fails loudly."""
-    from airflow_stateful.core.records import WriterInfo
-    from airflow_stateful.core.session import WriterSession
+    from airflow_stateful.core.protocol.session import WriterSession
+    from airflow_stateful.core.records.writer import WriterInfo
 
     old = tmp_path / "format-2-release"
     old.mkdir()

@@ -24,7 +24,7 @@ from s3_endpoint import S3Endpoint
 from test_cli import backend, cli, open_cs  # noqa: F401 - `backend` is a fixture used by the CLI tests
 
 from airflow_stateful.core import CheckpointStore, Identity, store_from_url
-from airflow_stateful.core.gc import (
+from airflow_stateful.core.fleet.gc import (
     EXPIRED,
     EXPIRED_STATE,
     GARBAGE,
@@ -34,8 +34,8 @@ from airflow_stateful.core.gc import (
     apply_gc,
     plan_gc,
 )
-from airflow_stateful.core.item_progress import ItemProgress
-from airflow_stateful.core.state_documents import KeyValueStore, object_key, task_prefix
+from airflow_stateful.core.fleet.walk_progress import ItemProgress
+from airflow_stateful.core.protocol.state_documents import KeyValueStore, object_key, task_prefix
 from airflow_stateful.core.stores.base import ObjectStore
 
 DAY = 86400.0

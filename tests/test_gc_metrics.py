@@ -23,9 +23,9 @@ from test_gc import _crash_garbage, _ident, _returned, _write, old_clock
 from test_metrics import StatsdServer, statsd_server  # noqa: F401 - `statsd_server` is a fixture
 
 from airflow_stateful.core import store_from_url
+from airflow_stateful.core.fleet.usage import GB
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
-from airflow_stateful.core.usage import GB
 from airflow_stateful.operators.gc import StatefulGCOperator
 
 pytestmark = [

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from airflow_stateful.core.errors import ConfigurationError, IdentityError
-from airflow_stateful.core.identity import MAX_KEY_BYTES, MAX_SEGMENT_BYTES, Identity
-from airflow_stateful.core.records import DATA_DIR, HEAD_NAME, MANIFEST_DIR
+from airflow_stateful.core.records.formats import DATA_DIR, HEAD_NAME, MANIFEST_DIR
+from airflow_stateful.core.records.identity import MAX_KEY_BYTES, MAX_SEGMENT_BYTES, Identity
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.stores.registry import store_from_url
 from airflow_stateful.core.stores.s3 import S3ObjectStore

@@ -23,7 +23,7 @@ from soak import kill_soak
 from soak.kill_soak import Soak, Tally
 
 from airflow_stateful.core import CheckpointStore
-from airflow_stateful.core import restore as restore_module
+from airflow_stateful.core.data import restore as restore_module
 
 pytestmark = pytest.mark.slow
 

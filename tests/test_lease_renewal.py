@@ -25,10 +25,10 @@ from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession
 from airflow_stateful.core.errors import FencedError, LeaseHeldError, StoreError
-from airflow_stateful.core.records import parse_iso
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.stores.s3 import S3ObjectStore
+from airflow_stateful.core.timestamps import parse_iso
 
 REPO = Path(__file__).resolve().parent.parent
 TTL = 1.5

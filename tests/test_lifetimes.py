@@ -1,6 +1,6 @@
 """State lives as long as Airflow needs it: lifetimes judged from recorded outcomes, and GC acting on them.
 
-The judge (:mod:`airflow_stateful.core.lifetimes`) is a pure function of a head and, optionally, what Airflow
+The judge (:mod:`airflow_stateful.core.fleet.lifetimes`) is a pure function of a head and, optionally, what Airflow
 said; these tests build heads the way the protocol writes them (through a real CheckpointStore on a local store,
 with writer clocks set in the past where age matters) and run real GC passes over them. Airflow's own answers
 come from :class:`AirflowAnswer` values here; tests/test_e2e_lifetimes.py asks a real Airflow.
@@ -17,9 +17,10 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_stateful.core import CheckpointStore, Identity
-from airflow_stateful.core.gc import IDLE, RELEASED, apply_gc, plan_gc
-from airflow_stateful.core.lifetimes import AirflowAnswer, Lifetimes, judge
-from airflow_stateful.core.outcomes import (
+from airflow_stateful.core.fleet.gc import IDLE, RELEASED, apply_gc, plan_gc
+from airflow_stateful.core.fleet.lifetimes import AirflowAnswer, Lifetimes, judge
+from airflow_stateful.core.records.heads import HeadRecord
+from airflow_stateful.core.records.outcomes import (
     FAILED,
     SUCCESS,
     UP_FOR_RESCHEDULE,
@@ -28,7 +29,7 @@ from airflow_stateful.core.outcomes import (
     earliest_retry,
     starting,
 )
-from airflow_stateful.core.records import HeadRecord, WriterInfo
+from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.local import LocalObjectStore
 
 DAY = 86400.0

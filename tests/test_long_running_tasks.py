@@ -25,7 +25,7 @@ from test_lease_renewal import start_killable_writer
 from test_stateful_tasks import checkpoints, run_dag, task_instance, write_dag
 
 from airflow_stateful.core import CheckpointStore, Identity
-from airflow_stateful.core.retention import unreferenced
+from airflow_stateful.core.protocol.retention import unreferenced
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 

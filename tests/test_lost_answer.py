@@ -20,8 +20,9 @@ from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity
 from airflow_stateful.core.errors import CommitOutcomeUnknownError, StoreError
-from airflow_stateful.core.records import HEAD_NAME, WriterInfo
-from airflow_stateful.core.session import WriterSession
+from airflow_stateful.core.protocol.session import WriterSession
+from airflow_stateful.core.records.formats import HEAD_NAME
+from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import Blob, ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 

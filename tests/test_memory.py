@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from airflow_stateful.core.chunking import MAX_CHUNK, MIN_CHUNK, WINDOW
-from airflow_stateful.core.transfer import MAX_IN_FLIGHT
+from airflow_stateful.core.data.chunking import MAX_CHUNK, MIN_CHUNK, WINDOW
+from airflow_stateful.core.data.transfer import MAX_IN_FLIGHT
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 

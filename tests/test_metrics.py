@@ -4,7 +4,7 @@ A UDP socket on 127.0.0.1 plays the StatsD server; Airflow's ``[metrics]`` secti
 points its real statsd client at it. Nothing is mocked: the packets are what a StatsD server would get.
 
 The tests marked "needs the call sites" exercise CheckpointStore / WriterSession and fail until the
-``events.emit(...)`` lines are added to core/checkpoint_store.py and operators/stateful.py.
+``events.emit(...)`` lines are added to core/protocol/checkpoint_store.py and operators/stateful.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 from dag_helpers import AIRFLOW_VERSION
 
 from airflow_stateful.core import events
-from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.errors import FencedError
-from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.metrics import StatsListener, identity_tags, install, uninstall
 
@@ -148,7 +148,7 @@ def test_each_event_becomes_the_documented_statsd_metric(statsd_server: StatsdSe
     assert "airflow.stateful.commits,dag_id=etl,task_id=load:1|c" in statsd_server.lines
 
 
-# -- needs the call sites in core/checkpoint_store.py and operators/stateful.py ----------------------------
+# -- needs the call sites in core/protocol/checkpoint_store.py and operators/stateful.py ----------------------------
 
 
 def test_commit_restore_and_fencing_of_a_real_store_are_counted(
@@ -173,7 +173,7 @@ def test_commit_restore_and_fencing_of_a_real_store_are_counted(
 
 
 def test_a_resume_is_counted(statsd_server: StatsdServer, checkpoints: CheckpointStore) -> None:
-    from airflow_stateful.core.session import WriterSession
+    from airflow_stateful.core.protocol.session import WriterSession
 
     lease = checkpoints.acquire()
     checkpoints.commit(lease, {"step": 1})

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from airflow_stateful.core.codecs import decode_value, encode_value
 from airflow_stateful.core.errors import IncompatibleStateError, InvalidValueError, MigrationError
-from airflow_stateful.core.migrations import migrate, migration_path, validate_schema
+from airflow_stateful.core.protocol.migrations import migrate, migration_path, validate_schema
+from airflow_stateful.core.records.codecs import decode_value, encode_value
 
 
 def v1_to_v2(value: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import pytest
 from test_cli import cli
 from test_stateful_tasks import DagFile, checkpoints, run_dag, task_instance, write_dag
 
-from airflow_stateful.core.records import PINS_FORMAT
+from airflow_stateful.core.records.formats import PINS_FORMAT
 from airflow_stateful.version import __version__
 
 pytestmark = pytest.mark.airflow

@@ -23,8 +23,9 @@ from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity
 from airflow_stateful.core.errors import CheckpointNotFoundError, FencedError, InvalidValueError
-from airflow_stateful.core.records import HEAD_NAME, OUTPUTS_FORMAT, PLAIN_FORMAT, WriterInfo
-from airflow_stateful.core.session import WriterSession
+from airflow_stateful.core.protocol.session import WriterSession
+from airflow_stateful.core.records.formats import HEAD_NAME, OUTPUTS_FORMAT, PLAIN_FORMAT
+from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 
@@ -297,7 +298,7 @@ def test_gc_collects_the_staged_output_of_a_writer_that_never_came_back(
     output that was staged and never committed, and nothing the kept checkpoint needs."""
     from datetime import timedelta
 
-    from airflow_stateful.core.gc import apply_gc, plan_gc
+    from airflow_stateful.core.fleet.gc import apply_gc, plan_gc
 
     session = open_session(store)
     session.commit({"n": 1})

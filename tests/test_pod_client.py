@@ -21,7 +21,7 @@ from maintenance import GcLoop
 from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession, store_from_url
-from airflow_stateful.core.lease import Lease
+from airflow_stateful.core.protocol.lease import Lease
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 

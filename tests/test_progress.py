@@ -7,7 +7,7 @@ import logging
 import pytest
 from contract.faults import FakeClock
 
-from airflow_stateful.core.progress import TransferProgress, human_bytes
+from airflow_stateful.core.data.transfer_progress import TransferProgress, human_bytes
 
 
 def test_progress_logs_at_most_every_interval_and_a_final_summary(caplog: pytest.LogCaptureFixture) -> None:

@@ -21,7 +21,7 @@ import pytest
 from maintenance import read_tree, tree
 
 from airflow_stateful.core import CheckpointStore, Identity
-from airflow_stateful.core.restore import STAGING_PREFIX, recover_interrupted
+from airflow_stateful.core.data.restore import STAGING_PREFIX, recover_interrupted
 from airflow_stateful.core.stores.local import LocalObjectStore
 
 IDENTITY = Identity.for_task(dag_id="etl", task_id="restore", run_id="manual__1")
@@ -153,7 +153,7 @@ def _die_while_cleaning_up(dest: str, store_root: str) -> None:
     """Delete the staging directory's backups first (tmpfs lists newest first), then die mid-cleanup."""
     import shutil
 
-    from airflow_stateful.core import restore
+    from airflow_stateful.core.data import restore
 
     real = shutil.rmtree
 

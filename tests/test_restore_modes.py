@@ -24,9 +24,9 @@ from s3_endpoint import S3Endpoint
 
 from airflow_stateful.cli.main import main as cli_main
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession
+from airflow_stateful.core.data.restore import STAGING_PREFIX, recover_interrupted
+from airflow_stateful.core.data.restore_modes import RestoreResult
 from airflow_stateful.core.errors import CheckpointCorruptError, DestinationNotEmptyError, InvalidValueError
-from airflow_stateful.core.restore import STAGING_PREFIX, recover_interrupted
-from airflow_stateful.core.restore_modes import RestoreResult
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.task_state import TaskState

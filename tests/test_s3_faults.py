@@ -44,11 +44,11 @@ from s3_endpoint import S3Endpoint
 from s3_fault_proxy import FAULTS, HANG, KINDS, FaultProxy, FaultSchedule, Rule
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession, errors
-from airflow_stateful.core.codecs import decode_value
 from airflow_stateful.core.errors import StatefulError, StoreError
-from airflow_stateful.core.gc import apply_gc, plan_gc
-from airflow_stateful.core.records import Manifest
-from airflow_stateful.core.retention import references, unreferenced
+from airflow_stateful.core.fleet.gc import apply_gc, plan_gc
+from airflow_stateful.core.protocol.retention import references, unreferenced
+from airflow_stateful.core.records.codecs import decode_value
+from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.stores.s3 import MIB, S3ObjectStore
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]

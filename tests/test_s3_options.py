@@ -33,9 +33,14 @@ import pytest
 from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity, collect_garbage
-from airflow_stateful.core.config import LEASE_TTL
 from airflow_stateful.core.errors import ConfigurationError, StoreError
-from airflow_stateful.core.state_documents import KeyValueStore, collect_expired, object_key, task_prefix
+from airflow_stateful.core.protocol.state_documents import (
+    KeyValueStore,
+    collect_expired,
+    object_key,
+    task_prefix,
+)
+from airflow_stateful.core.settings import LEASE_TTL
 from airflow_stateful.core.stores.registry import store_from_url
 from airflow_stateful.core.stores.s3 import S3ObjectStore
 from airflow_stateful.core.stores.s3_session import assumed_role_credentials

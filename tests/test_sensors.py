@@ -27,9 +27,10 @@ from dag_helpers import find_dag, load_dag_module
 from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity, store_from_url
-from airflow_stateful.core.conditions import CheckpointCondition
 from airflow_stateful.core.errors import InvalidValueError
-from airflow_stateful.core.records import HEAD_NAME, WriterInfo
+from airflow_stateful.core.fleet.conditions import CheckpointCondition
+from airflow_stateful.core.records.formats import HEAD_NAME
+from airflow_stateful.core.records.writer import WriterInfo
 
 REPO = Path(__file__).resolve().parent.parent
 WAIT = 60.0  # seconds a helper waits for something that should take well under one

@@ -37,7 +37,7 @@ from airflow_stateful.core.errors import (
     IdentityError,
     InvalidValueError,
 )
-from airflow_stateful.core.state_documents import StateDocument, collect_expired, validate_state_key
+from airflow_stateful.core.protocol.state_documents import StateDocument, collect_expired, validate_state_key
 from airflow_stateful.core.stores.base import Blob, ObjectInfo, ObjectStore, StoredFile
 from airflow_stateful.core.stores.local import LocalObjectStore
 
@@ -82,7 +82,7 @@ def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Obj
 
 @pytest.fixture
 def backend(object_store: ObjectStore) -> Any:
-    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
+    from airflow_stateful.state_store import S3StateStoreBackend
 
     return S3StateStoreBackend(store=object_store)
 
@@ -459,7 +459,7 @@ def test_server_side_records_the_expiry_of_its_own_reference_instead_of_storing_
 
 # -- concurrency and async ----------------------------------------------------------------------------------
 def test_concurrent_writers_never_lose_a_write_and_readers_never_see_a_torn_value(tmp_path: Path) -> None:
-    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
+    from airflow_stateful.state_store import S3StateStoreBackend
 
     store = LocalObjectStore(root=tmp_path / "state", fsync=False)
     backend = S3StateStoreBackend(store=store, max_attempts=1000)
@@ -527,7 +527,7 @@ def test_async_variants(backend: Any, object_store: ObjectStore) -> None:
 @pytest.mark.s3
 def test_a_write_whose_answer_was_lost_is_counted_once(s3_endpoint: S3Endpoint, s3_prefix: str) -> None:
     """botocore retries a PutObject that landed (forced here); the retry sees 412, which must not re-write."""
-    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
+    from airflow_stateful.state_store import S3StateStoreBackend
 
     forced: list[int] = []
 
@@ -554,7 +554,7 @@ def test_a_write_whose_answer_was_lost_is_counted_once(s3_endpoint: S3Endpoint, 
 def test_built_without_arguments_it_opens_the_stateful_backend_url(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
+    from airflow_stateful.state_store import S3StateStoreBackend
 
     url = (tmp_path / "kv").as_uri()
     monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", url)
@@ -567,8 +567,7 @@ def test_built_without_arguments_it_opens_the_stateful_backend_url(
 
 
 CONFIGURED_PATHS = [
-    "airflow_stateful.state_store.S3StateStoreBackend",  # the path users have in airflow.cfg
-    "airflow_stateful.backends.task_state_store.S3StateStoreBackend",  # where the class lives
+    "airflow_stateful.state_store.S3StateStoreBackend",  # the path users have in airflow.cfg, and the class's module
 ]
 
 
@@ -577,16 +576,15 @@ def test_airflow_server_and_worker_loaders_accept_the_backend_and_its_scopes(
     classpath: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reset_state_backends: None
 ) -> None:
     """The server checks the class against airflow-core's own copy of BaseStoreBackend and passes that copy's
-    scopes; the worker uses the task SDK's. Both must work with this one class, by either dotted path."""
+    scopes; the worker uses the task SDK's. Both must work with this one class, by the configured dotted path."""
     import airflow._shared.state as core_state
     from airflow.sdk.execution_time.context import _get_worker_state_store_backend
     from airflow.state import get_state_backend, resolve_state_backend
 
     import airflow_stateful
-    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
-    from airflow_stateful.state_store import S3StateStoreBackend as ConfiguredPathBackend
+    from airflow_stateful.state_store import S3StateStoreBackend
 
-    assert ConfiguredPathBackend is S3StateStoreBackend is airflow_stateful.S3StateStoreBackend
+    assert S3StateStoreBackend is airflow_stateful.S3StateStoreBackend
     monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", (tmp_path / "kv").as_uri())
     monkeypatch.setenv("AIRFLOW__STATE_STORE__BACKEND", classpath)
     monkeypatch.setenv("AIRFLOW__WORKERS__STATE_STORE_BACKEND", classpath)
@@ -629,7 +627,7 @@ def test_a_fresh_airflow_process_loads_the_backend_by_the_path_in_airflow_cfg(tm
         [sys.executable, "-c", LOAD_COLD], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    module = "airflow_stateful.backends.task_state_store"
+    module = "airflow_stateful.state_store"
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [module, module, True]
 
 
@@ -638,7 +636,7 @@ def test_importing_it_on_airflow_before_3_3_says_which_version_is_needed(
 ) -> None:
     # Airflow < 3.3 has no airflow.sdk.state; a None entry in sys.modules makes its import fail the same way.
     monkeypatch.setitem(sys.modules, "airflow.sdk.state", None)
-    for name in ("airflow_stateful.state_store", "airflow_stateful.backends.task_state_store"):
+    for name in ("airflow_stateful.state_store",):
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ImportError, match=r"needs Apache Airflow 3\.3 or newer.*apache-airflow 3\.\d+"):
         importlib.import_module("airflow_stateful.state_store")
@@ -646,8 +644,8 @@ def test_importing_it_on_airflow_before_3_3_says_which_version_is_needed(
 
 @pytest.mark.s3
 def test_backend_repr_and_errors_carry_no_credentials(s3_endpoint: S3Endpoint, s3_prefix: str) -> None:
-    from airflow_stateful.backends.task_state_store import S3StateStoreBackend
     from airflow_stateful.core.stores.s3 import S3ObjectStore
+    from airflow_stateful.state_store import S3StateStoreBackend
 
     options = s3_endpoint.options()
     if s3_endpoint.kind == "moto":

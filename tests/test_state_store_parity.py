@@ -36,10 +36,10 @@ from dag_helpers import find_dag, load_dag_module
 from s3_endpoint import S3Endpoint
 from test_state_store import forget_state_backends, returned
 
-from airflow_stateful.backends.task_state_store import S3StateStoreBackend
 from airflow_stateful.core.errors import ConfigurationError, IdentityError, InvalidValueError
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
+from airflow_stateful.state_store import S3StateStoreBackend
 
 COMMON_IO_MODULE = "airflow.providers.common.io.state_store.backend"
 COMMON_IO_BACKEND = f"{COMMON_IO_MODULE}.StateStoreObjectStorageBackend"

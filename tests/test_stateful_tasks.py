@@ -27,7 +27,7 @@ import pytest
 from dag_helpers import dagbag, find_dag, ledger_by_try, load_dag_module
 from s3_endpoint import S3Endpoint
 
-from airflow_stateful.core.cursors import cursor_position
+from airflow_stateful.core.records.cursors import cursor_position
 
 if TYPE_CHECKING:
     from airflow_stateful.core import CheckpointStore
@@ -665,7 +665,7 @@ def test_pickle_codec_round_trips_and_json_readers_refuse_it(
     cs = checkpoints(writer.dag_id, "work", name=name)
     latest = cs.latest()
     assert latest is not None and latest.value_codec == "pickle" and isinstance(latest.value, str)
-    from airflow_stateful.core.codecs import decode_value
+    from airflow_stateful.core.records.codecs import decode_value
 
     value = decode_value(latest.value, latest.value_codec, allowed="pickle", where="test")
     assert value == {

@@ -33,11 +33,12 @@ from fastapi import FastAPI, HTTPException
 from fastapi.testclient import TestClient
 from view_server import chromium_or_skip, screenshot, serve_view
 
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import WriterInfo, parse_iso
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
+from airflow_stateful.core.timestamps import parse_iso
 from airflow_stateful.plugins import stateful_view
 from airflow_stateful.plugins.stateful_view import StatefulPlugin
 from airflow_stateful.plugins.view_app import WorkGate, create_app

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo
 from airflow_stateful.core.errors import FencedError, InvalidValueError, StopRequested
-from airflow_stateful.core.session import WriterSession
+from airflow_stateful.core.protocol.session import WriterSession
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.task_state import TaskState
 

@@ -40,9 +40,9 @@ from urllib.parse import quote
 import pytest
 from checkpoint_history import write_run
 
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import WriterInfo
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.testing.s3_server import free_port
 

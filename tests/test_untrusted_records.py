@@ -20,8 +20,14 @@ from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo
 from airflow_stateful.core.errors import CheckpointCorruptError, InvalidValueError, ObjectTooLargeError
-from airflow_stateful.core.records import HEAD_NAME, MAX_HEAD_BYTES, canonical_json, sha256_hex
-from airflow_stateful.core.state_documents import MAX_VALUE_BYTES, KeyValueStore, object_key, task_prefix
+from airflow_stateful.core.protocol.state_documents import (
+    MAX_VALUE_BYTES,
+    KeyValueStore,
+    object_key,
+    task_prefix,
+)
+from airflow_stateful.core.records.canonical import canonical_json, sha256_hex
+from airflow_stateful.core.records.formats import HEAD_NAME, MAX_HEAD_BYTES
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 
@@ -193,7 +199,7 @@ def test_a_crafted_state_document_is_refused_by_field(
 
 
 def test_an_oversized_value_is_refused_before_anything_is_written(store: ObjectStore) -> None:
-    from airflow_stateful.core.state_documents import check_json_text
+    from airflow_stateful.core.protocol.state_documents import check_json_text
 
     with pytest.raises(InvalidValueError, match=r"'offset' is \d+ characters of JSON; the limit is"):
         check_json_text('"' + "x" * MAX_VALUE_BYTES + '"', key="offset")
@@ -201,7 +207,7 @@ def test_an_oversized_value_is_refused_before_anything_is_written(store: ObjectS
 
 
 def test_keep_last_is_bounded_so_a_head_stays_readable() -> None:
-    from airflow_stateful.core.retention import KeepLast
+    from airflow_stateful.core.protocol.retention import KeepLast
 
     with pytest.raises(ValueError, match="from 1 to 1000, not 5000"):
         KeepLast(5000)
@@ -212,7 +218,7 @@ KEY = b"0123456789abcdef-this-deployment"
 
 
 def signing(store: ObjectStore, *, required: bool, key: bytes = KEY, key_id: str = "prod-1") -> ObjectStore:
-    from airflow_stateful.core.integrity import HeadSigner
+    from airflow_stateful.core.records.integrity import HeadSigner
 
     store.head_signer = HeadSigner(key=key, key_id=key_id, required=required)
     return store
@@ -252,7 +258,7 @@ def test_the_signing_key_never_shows(store: ObjectStore, tmp_path: Path) -> None
     for info in store.list_objects(""):
         assert KEY not in store.get(info.key).data
     from airflow_stateful.core.errors import ConfigurationError
-    from airflow_stateful.core.integrity import HeadSigner
+    from airflow_stateful.core.records.integrity import HeadSigner
 
     with pytest.raises(ConfigurationError, match="at least 16 bytes") as raised:
         HeadSigner(key=b"short-secret", key_id="x")

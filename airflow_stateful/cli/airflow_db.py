@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from airflow_stateful.core.lifetimes import AirflowAnswer
+from airflow_stateful.core.fleet.lifetimes import AirflowAnswer
 
 
 class MetadataDbRunStates:

@@ -34,10 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_stateful.cli.output import TABLE_PAGE, emit
-from airflow_stateful.core import config
-from airflow_stateful.core.catalog import list_identities
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.cursors import cursors_to_json, describe_cursors, read_cursors
+from airflow_stateful.core.data.restore_modes import EMPTY, MODES, refusal
 from airflow_stateful.core.durations import parse_duration
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
@@ -48,17 +45,23 @@ from airflow_stateful.core.errors import (
     LeaseHeldError,
     StatefulError,
 )
-from airflow_stateful.core.gc import apply_gc, group_by_identity, plan_gc
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.item_progress import ItemProgress
-from airflow_stateful.core.lifetimes import Lifetimes, RunStates, judge
-from airflow_stateful.core.outputs import OutputInfo, check_output_name, content_sha256
-from airflow_stateful.core.records import HeadRecord, Manifest, WriterInfo, utcnow_iso
-from airflow_stateful.core.restore_modes import EMPTY, MODES, refusal
-from airflow_stateful.core.status import STATUSES, WorkStatus
+from airflow_stateful.core.fleet.catalog import list_identities
+from airflow_stateful.core.fleet.gc import apply_gc, group_by_identity, plan_gc
+from airflow_stateful.core.fleet.lifetimes import Lifetimes, RunStates, judge
+from airflow_stateful.core.fleet.status import STATUSES, WorkStatus
+from airflow_stateful.core.fleet.stuck import IdentityStatus, find_stuck, identity_statuses
+from airflow_stateful.core.fleet.usage import DEFAULT_PRICE_PER_GB_MONTH, GB, disk_usage
+from airflow_stateful.core.fleet.walk_progress import ItemProgress
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.cursors import cursors_to_json, describe_cursors, read_cursors
+from airflow_stateful.core.records.heads import HeadRecord
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.manifests import Manifest
+from airflow_stateful.core.records.outputs import OutputInfo, check_output_name, content_sha256
+from airflow_stateful.core.records.writer import WriterInfo
+from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL, KEEP_FAILED_FOR
 from airflow_stateful.core.stores.base import ObjectStore
-from airflow_stateful.core.stuck import IdentityStatus, find_stuck, identity_statuses
-from airflow_stateful.core.usage import DEFAULT_PRICE_PER_GB_MONTH, GB, disk_usage
+from airflow_stateful.core.timestamps import utcnow_iso
 
 _log = logging.getLogger("airflow_stateful")
 
@@ -102,7 +105,7 @@ def _cmd_ls(args: argparse.Namespace, store: ObjectStore) -> int:
     """One delimited listing (an entry per identity), the heads read a few at a time, each row printed as
     soon as it and those before it are read. A head that cannot be read is a row with its ``error`` (shown
     whatever ``--status`` asks for: its status is unknown), the others are still listed, and the exit code
-    is 1. ``status`` is :func:`~airflow_stateful.core.status.work_status` at the moment the head was read."""
+    is 1. ``status`` is :func:`~airflow_stateful.core.fleet.status.work_status` at the moment the head was read."""
     errors = 0
     wanted = set(args.status or STATUSES)
 
@@ -144,7 +147,7 @@ SHOWN_DEAD = 20
 
 
 def _cmd_stuck(args: argparse.Namespace, store: ObjectStore) -> int:
-    """The stuck check (:func:`~airflow_stateful.core.stuck.find_stuck`, as ``StatefulStuckCheckOperator``
+    """The stuck check (:func:`~airflow_stateful.core.fleet.stuck.find_stuck`, as ``StatefulStuckCheckOperator``
     runs it): the stuck identities on stdout (a table, or with ``--json`` the whole report: stuck, dead and
     unreadable identities, counts), a summary and the dead ones on stderr. Exit 1 when any is stuck, else 2
     when a head could not be read, else 0."""
@@ -650,7 +653,7 @@ def _statuses(text: str) -> list[str]:
 
 
 def _add_default_interval(p: argparse.ArgumentParser) -> None:
-    default = _hms(config.EXPECTED_CHECKPOINT_INTERVAL.total_seconds())
+    default = _hms(EXPECTED_CHECKPOINT_INTERVAL.total_seconds())
     p.add_argument(
         "--default-interval",
         type=_interval,
@@ -674,7 +677,7 @@ def _add_lifetimes(p: argparse.ArgumentParser) -> None:
         type=_duration,
         metavar="DURATION",
         help="keep per-run state of a task that failed for good at least this long, so a cleared task resumes "
-        f"(default: [stateful] keep_failed_for, {_hms(config.KEEP_FAILED_FOR.total_seconds())}; 0: no minimum)",
+        f"(default: [stateful] keep_failed_for, {_hms(KEEP_FAILED_FOR.total_seconds())}; 0: no minimum)",
     )
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from airflow_stateful.client.pod import EXIT_CONFIG, EXIT_FENCED, pod_session, restore, run, save, sidecar
 from airflow_stateful.client.settings import PodSettings
+from airflow_stateful.core.data.restore_modes import EXACT, MODES
 from airflow_stateful.core.durations import positive_duration
 from airflow_stateful.core.errors import FencedError, StatefulError
-from airflow_stateful.core.restore_modes import EXACT, MODES
 
 
 def seconds(text: str) -> float:

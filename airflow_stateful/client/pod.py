@@ -1,13 +1,13 @@
 """restore / save / run / sidecar: what the in-pod client does, as functions the CLI and tests call.
 
-Every verb opens a :class:`~airflow_stateful.core.session.WriterSession` on the lease the operator took for
+Every verb opens a :class:`~airflow_stateful.core.protocol.session.WriterSession` on the lease the operator took for
 this pod (adopted, never released: the operator releases it). Opening renews the lease once, which proves it
 is still this pod's before anything is restored or saved; ``run`` and ``sidecar`` keep renewing it in the
 background, so a pod may compute for hours between two saves, and stop the job at once if a newer try took
 the lease over.
 
 With ``STATEFUL_RESTORE_CACHE_DIR`` (the operator's ``restore_cache_host_path``, a directory on the node) the
-client restores through the node's restore cache, :class:`~airflow_stateful.core.chunk_cache.LocalChunkCache`
+client restores through the node's restore cache, :class:`~airflow_stateful.core.data.chunk_cache.LocalChunkCache`
 (every chunk verified against the checkpoint's SHA-256 before it is used), logs how much of the restore it
 served, and fills it after each save. The cache can only save downloads: one that cannot be used is reported
 once and skipped, never fails the pod.
@@ -32,13 +32,14 @@ from pathlib import Path
 from types import FrameType
 
 from airflow_stateful.client.settings import VALUE_FILE, PodSettings
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.chunk_cache import CacheStats, LocalChunkCache
+from airflow_stateful.core.data.chunk_cache import CacheStats, LocalChunkCache
+from airflow_stateful.core.data.restore_modes import EXACT
+from airflow_stateful.core.data.transfer_progress import human_bytes
 from airflow_stateful.core.errors import FencedError
-from airflow_stateful.core.progress import human_bytes
-from airflow_stateful.core.records import Manifest, WriterInfo
-from airflow_stateful.core.restore_modes import EXACT
-from airflow_stateful.core.session import WriterSession
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.protocol.session import WriterSession
+from airflow_stateful.core.records.manifests import Manifest
+from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.registry import store_from_url
 
 log = logging.getLogger("airflow_stateful.client")
@@ -127,7 +128,7 @@ def restore(session: WriterSession, directory: Path, *, mode: str = EXACT) -> Ma
 
     ``mode="exact"`` (default): the pod owns its work directory, so afterwards it holds exactly the checkpoint's
     files (and the value file); what a killed pod left beside them is removed within the same all-or-nothing
-    swap. ``"merge"`` and ``"empty"`` as for :meth:`~airflow_stateful.core.session.WriterSession.restore_files`.
+    swap. ``"merge"`` and ``"empty"`` as for :meth:`~airflow_stateful.core.protocol.session.WriterSession.restore_files`.
     The result's line is logged (also "no checkpoint yet", when ``directory`` is left as it was)."""
     latest = session.latest
     directory.mkdir(parents=True, exist_ok=True)

@@ -7,13 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_stateful.core.chunk_cache import LocalChunkCache
-from airflow_stateful.core.config import RESTORE_CACHE_MAX_BYTES, StatefulSettings, parse_int
+from airflow_stateful.core.data.chunk_cache import LocalChunkCache
 from airflow_stateful.core.errors import ConfigurationError
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.integrity import HeadSigner
-from airflow_stateful.core.lease import Lease
-from airflow_stateful.core.records import WriterInfo
+from airflow_stateful.core.protocol.lease import Lease
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
+from airflow_stateful.core.records.writer import WriterInfo
+from airflow_stateful.core.settings import RESTORE_CACHE_MAX_BYTES, StatefulSettings, parse_int
 from airflow_stateful.core.stores.s3_options import (
     check_request_args,
     parse_bool,

@@ -1,7 +1,7 @@
 """AirflowApiHook: Airflow's own REST API, reached through a connection, for maintenance that must ask Airflow.
 
 In Airflow 3 a task cannot read the metadata database; the maintenance DAG's GC asks the API server instead
-whether a run is finished before it deletes the run's state (:mod:`airflow_stateful.core.lifetimes`). The
+whether a run is finished before it deletes the run's state (:mod:`airflow_stateful.core.fleet.lifetimes`). The
 connection (``[stateful] airflow_conn_id``, type ``http``) gives the API server's URL as host (with its scheme,
 or ``schema`` for it) and port, a user that may read the DAGs as login and password, and optionally a ready
 access token as ``extra.token``. Only those keys are read.
@@ -13,12 +13,12 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_stateful.core.airflow_runs import RestApiRunStates
 from airflow_stateful.core.errors import ConfigurationError
+from airflow_stateful.core.fleet.airflow_runs import RestApiRunStates
 
 
 class AirflowApiHook(BaseHook):
-    """Builds a :class:`~airflow_stateful.core.airflow_runs.RestApiRunStates` from an Airflow connection.
+    """Builds a :class:`~airflow_stateful.core.fleet.airflow_runs.RestApiRunStates` from an Airflow connection.
 
     :param airflow_conn_id: the connection to Airflow's API server.
     """

@@ -10,11 +10,11 @@ from urllib.parse import urlparse
 from airflow.sdk import BaseHook
 
 from airflow_stateful.config import load_settings
-from airflow_stateful.core.checkpoint_store import CheckpointStore
 from airflow_stateful.core.errors import ConfigurationError
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.integrity import HeadSigner
-from airflow_stateful.core.records import WriterInfo
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
+from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.registry import store_from_url
 from airflow_stateful.core.stores.s3_options import (

@@ -30,10 +30,11 @@ from typing import Any
 from kubernetes.client import models as k8s
 
 from airflow_stateful.core.errors import InvalidValueError
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.integrity import HeadSigner
-from airflow_stateful.core.lease import Lease
-from airflow_stateful.core.records import HeadRecord, Manifest
+from airflow_stateful.core.protocol.lease import Lease
+from airflow_stateful.core.records.heads import HeadRecord
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
+from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.stores.s3_options import pod_config_kwargs
 
 IDENTITY_LABEL = "stateful-identity"

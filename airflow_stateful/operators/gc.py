@@ -2,7 +2,7 @@
 
 A maintenance DAG (``dags/stateful_maintenance.py``) runs it daily, so crash garbage, orphans of crashed
 purges, idle identities and expired task state documents do not pile up in the bucket unnoticed. The
-policy engine is :mod:`airflow_stateful.core.gc`; this operator only opens the store through
+policy engine is :mod:`airflow_stateful.core.fleet.gc`; this operator only opens the store through
 :class:`~airflow_stateful.hooks.state.StateHook` and logs progress (a task log is not a terminal, so
 progress is a few log lines).
 
@@ -21,7 +21,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_stateful import metrics
 from airflow_stateful.core.durations import parse_duration
-from airflow_stateful.core.gc import (
+from airflow_stateful.core.fleet.gc import (
     DEFAULT_MIN_AGE,
     GARBAGE,
     ORPHAN,
@@ -30,10 +30,10 @@ from airflow_stateful.core.gc import (
     group_by_identity,
     plan_gc,
 )
-from airflow_stateful.core.item_progress import ItemProgress
-from airflow_stateful.core.lifetimes import Lifetimes
-from airflow_stateful.core.retention import IdleFor
-from airflow_stateful.core.usage import DEFAULT_PRICE_PER_GB_MONTH, GB
+from airflow_stateful.core.fleet.lifetimes import Lifetimes
+from airflow_stateful.core.fleet.usage import DEFAULT_PRICE_PER_GB_MONTH, GB
+from airflow_stateful.core.fleet.walk_progress import ItemProgress
+from airflow_stateful.core.protocol.retention import IdleFor
 from airflow_stateful.hooks.airflow_api import AirflowApiHook
 from airflow_stateful.hooks.state import StateHook
 

@@ -6,7 +6,7 @@ pod templates, ``full_pod_spec`` and the cluster's ``pod_mutation_hook`` see the
 and ``on_kill``. The stateful arguments, their checks and the writer session come from
 :class:`~airflow_stateful.operators.mixin.StatefulMixin`, shared with every stateful operator.
 
-Before the pod starts, the operator opens a :class:`~airflow_stateful.core.session.WriterSession`: it takes
+Before the pod starts, the operator opens a :class:`~airflow_stateful.core.protocol.session.WriterSession`: it takes
 the identity's lease (raising the epoch, which fences every earlier pod or try) and brings the latest
 checkpoint to this code's ``schema_version`` with the same upgrade rules as stateful tasks. The session
 renews the lease while the pod runs; the pod's client renews the same lease too (``STATEFUL_LEASE_TTL``),
@@ -42,11 +42,11 @@ from airflow.sdk.exceptions import AirflowException
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from airflow_stateful.core.code_identity import fingerprint_json
-from airflow_stateful.core.config import RESTORE_CACHE_MAX_BYTES
 from airflow_stateful.core.errors import InvalidValueError
-from airflow_stateful.core.lease import lease_of
-from airflow_stateful.core.session import WriterSession
+from airflow_stateful.core.protocol.lease import lease_of
+from airflow_stateful.core.protocol.session import WriterSession
+from airflow_stateful.core.records.code_identity import fingerprint_json
+from airflow_stateful.core.settings import RESTORE_CACHE_MAX_BYTES
 from airflow_stateful.hooks.state import StateHook
 from airflow_stateful.kubernetes.pods import (
     CLIENT_COMMAND,

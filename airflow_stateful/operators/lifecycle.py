@@ -4,13 +4,13 @@ Airflow decides a failed try's fate after ``execute`` raised (``_handle_current_
 runner): ``AirflowFailException`` and ``AirflowSensorTimeout`` fail it for good, skip and reschedule
 exceptions and deferral end it without a failure, and anything else is retried when the execution API said
 the try may retry (``should_retry``: ``try_number <= max_tries``). This module makes the same call from the
-exception the operator sees, so the head's outcome (:mod:`airflow_stateful.core.outcomes`) says what Airflow
+exception the operator sees, so the head's outcome (:mod:`airflow_stateful.core.records.outcomes`) says what Airflow
 will do, and computes when a retry can run the way Airflow does (the lower bound of its backoff).
 
 Two cases it cannot see: a ``RetryPolicy`` (Airflow 3.3) that fails a try early or changes its delay, and a
 person marking the task failed or clearing it. Both only make the recorded outcome more cautious than the truth
 (a retry recorded where none comes): maintenance keeps the state, and where it can ask Airflow it learns the
-truth (:mod:`airflow_stateful.core.lifetimes`).
+truth (:mod:`airflow_stateful.core.fleet.lifetimes`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow_stateful.core.code_identity import CodeIdentity
-from airflow_stateful.core.outcomes import (
+from airflow_stateful.core.records.code_identity import CodeIdentity
+from airflow_stateful.core.records.outcomes import (
     DEFERRED,
     FAILED,
     SKIPPED,

@@ -3,7 +3,7 @@
 :class:`~airflow_stateful.operators.stateful.StatefulOperator` (and through it the Python operator and the
 decorator) and :class:`~airflow_stateful.operators.kubernetes.StatefulKubernetesPodOperator` mix it into
 their Airflow base class. It holds the stateful arguments, checks them when the DAG is parsed, names the task
-instance's identity, and opens the :class:`~airflow_stateful.core.session.WriterSession` that takes the lease
+instance's identity, and opens the :class:`~airflow_stateful.core.protocol.session.WriterSession` that takes the lease
 (fencing every earlier try), keeps it alive while the task runs and applies the upgrade rules.
 """
 
@@ -15,13 +15,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_stateful.compat import AirflowFailException, AirflowRescheduleException
-from airflow_stateful.core.code_identity import ON_CODE_CHANGE, fingerprint_callable
-from airflow_stateful.core.codecs import CODECS, JSON
 from airflow_stateful.core.errors import IncompatibleStateError, InvalidValueError, MigrationError
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.migrations import validate_schema
-from airflow_stateful.core.records import MAX_KEPT
-from airflow_stateful.core.session import ON_INCOMPATIBLE, WriterSession
+from airflow_stateful.core.protocol.migrations import validate_schema
+from airflow_stateful.core.protocol.session import ON_INCOMPATIBLE, WriterSession
+from airflow_stateful.core.records.code_identity import ON_CODE_CHANGE, fingerprint_callable
+from airflow_stateful.core.records.codecs import CODECS, JSON
+from airflow_stateful.core.records.formats import MAX_KEPT
+from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.hooks.state import StateHook
 from airflow_stateful.operators.lifecycle import code_identity, ending, starting_outcome
 
@@ -158,7 +158,7 @@ class StatefulMixin:
             raise AirflowFailException(str(exc)) from exc
 
     def code_fingerprint(self) -> str | None:
-        """A fingerprint of this task's own code (:func:`~airflow_stateful.core.code_identity.fingerprint_callable`
+        """A fingerprint of this task's own code (:func:`~airflow_stateful.core.records.code_identity.fingerprint_callable`
         of ``execute_stateful``); operators that run other code (a callable, a pod) override it."""
         method = getattr(type(self), "execute_stateful", None)
         return fingerprint_callable(method) if callable(method) else None

@@ -8,8 +8,8 @@ from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator
 
-from airflow_stateful.core.code_identity import fingerprint_callable
 from airflow_stateful.core.errors import InvalidValueError
+from airflow_stateful.core.records.code_identity import fingerprint_callable
 from airflow_stateful.operators.stateful import StatefulOperator
 from airflow_stateful.task_state import TaskState
 

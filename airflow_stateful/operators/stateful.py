@@ -21,7 +21,7 @@ closes: when the code returns (its error then fails the try), on a stop, and whe
 
 Every try gets the worker's restore cache (``[stateful] restore_cache_dir``, on by default): the files a try
 saves stay on the worker, and ``state.restore_files`` in a retry on the same machine takes the unchanged
-chunks from there, verified, instead of downloading them (:mod:`airflow_stateful.core.chunk_cache`).
+chunks from there, verified, instead of downloading them (:mod:`airflow_stateful.core.data.chunk_cache`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_stateful.compat import AirflowFailException
-from airflow_stateful.core.chunk_cache import LocalChunkCache, restore_cache_for
+from airflow_stateful.core.data.chunk_cache import LocalChunkCache, restore_cache_for
+from airflow_stateful.core.data.placement import warmth
 from airflow_stateful.core.errors import CursorMismatchError, InvalidValueError, StopRequested
-from airflow_stateful.core.placement import warmth
-from airflow_stateful.core.session import WriterSession, describe_checkpoint
+from airflow_stateful.core.protocol.session import WriterSession, describe_checkpoint
 from airflow_stateful.operators.mixin import STATEFUL_TEMPLATE_FIELDS, StatefulMixin, check_choice
 from airflow_stateful.task_state import TaskState
 
@@ -166,7 +166,7 @@ class StatefulOperator(StatefulMixin, BaseOperator):
 
 def log_cache_warmth(session: WriterSession, cache: LocalChunkCache) -> None:
     """Say whether this worker's restore cache holds the checkpoint the try resumes from (see
-    :mod:`airflow_stateful.core.placement`). Never fails the try."""
+    :mod:`airflow_stateful.core.data.placement`). Never fails the try."""
     latest = session.latest
     if latest is None or not latest.has_files:
         return

@@ -3,7 +3,7 @@
 A writer is *stuck* when its lease is live (its heartbeat renews it) but it has committed nothing for longer
 than its declared ``expected_checkpoint_interval``: Airflow sees a running task and never retries it, so it
 holds its slot until a person looks. A *dead* writer (lease expired) is Airflow's business (it retries the
-task) and is never reported as stuck. The listing is :func:`airflow_stateful.core.stuck.find_stuck`, the same
+task) and is never reported as stuck. The listing is :func:`airflow_stateful.core.fleet.stuck.find_stuck`, the same
 code the CLI runs; the maintenance DAG (``dags/stateful_maintenance.py``) runs this operator next to the GC.
 """
 
@@ -19,7 +19,7 @@ from airflow.sdk import BaseOperator
 from airflow_stateful import metrics
 from airflow_stateful.compat import AirflowFailException
 from airflow_stateful.core.durations import positive_duration
-from airflow_stateful.core.stuck import find_stuck
+from airflow_stateful.core.fleet.stuck import find_stuck
 from airflow_stateful.hooks.state import StateHook
 
 log = logging.getLogger("airflow_stateful")

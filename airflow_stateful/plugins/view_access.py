@@ -38,7 +38,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from airflow_stateful.core.errors import IdentityError
-from airflow_stateful.core.identity import Identity, encode_segment
+from airflow_stateful.core.records.identity import Identity, encode_segment
 
 
 @dataclass(frozen=True)

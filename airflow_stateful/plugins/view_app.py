@@ -9,7 +9,7 @@
   :mod:`.view_run`.
 
 ``/`` and ``/api/identities`` take ``status=`` (``active``, ``stuck``, ``dead``, ``idle``, or several separated
-by commas): the rows of the listing whose :func:`~airflow_stateful.core.status.work_status` is one of them.
+by commas): the rows of the listing whose :func:`~airflow_stateful.core.fleet.status.work_status` is one of them.
 
 Every route needs an authenticated user (a bearer token, or the session cookie the UI sets at login) and
 shows only identities of DAGs that user may read (:mod:`.view_access`). There are no write actions.
@@ -46,10 +46,10 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_stateful.core.errors import IdentityError, StatefulError
-from airflow_stateful.core.head import HeadStore
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.records import HeadRecord
-from airflow_stateful.core.status import STATUSES
+from airflow_stateful.core.fleet.status import STATUSES
+from airflow_stateful.core.protocol.heads import HeadStore
+from airflow_stateful.core.records.heads import HeadRecord
+from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.plugins.view_access import Viewer, ViewerDep, checked_identity, checked_prefix
 from airflow_stateful.plugins.view_rows import Bounds, Entry, Listing, collect, history_of

@@ -8,7 +8,7 @@ and dark schemes of the page).
 What is drawn, from the head record and the manifests of its kept checkpoints only:
 
 * x: when each checkpoint was committed (UTC); y: the items done, the sum of its ``resume()`` cursors'
-  positions (``extra["cursors"]``, :mod:`airflow_stateful.core.cursors`), or the checkpoint's number when no kept checkpoint has cursors;
+  positions (``extra["cursors"]``, :mod:`airflow_stateful.core.records.cursors`), or the checkpoint's number when no kept checkpoint has cursors;
 * one series (colour and marker shape) per try (``writer.try_number``; per epoch for writers outside Airflow);
 * a dashed vertical line where a new lease (a retry, or a rescheduled try) committed its first kept checkpoint,
   having resumed from the checkpoint before it;

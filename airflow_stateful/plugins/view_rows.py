@@ -1,5 +1,5 @@
 """The rows of the Stateful view: one summary per identity, read from the store within fixed bounds, with its
-status (:func:`~airflow_stateful.core.status.work_status`: active, stuck, dead or idle).
+status (:func:`~airflow_stateful.core.fleet.status.work_status`: active, stuck, dead or idle).
 
 Only metadata is read (head records); checkpoint values never are, so the view cannot leak task data. Every
 head is untrusted input (anyone who can write the bucket can write one): a head that fails to parse or to
@@ -21,13 +21,14 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
 
-from airflow_stateful.core.catalog import HeadRead, list_identities, read_heads
-from airflow_stateful.core.config import EXPECTED_CHECKPOINT_INTERVAL
-from airflow_stateful.core.identity import Identity
-from airflow_stateful.core.progress import human_bytes
-from airflow_stateful.core.records import HeadRecord, parse_iso
-from airflow_stateful.core.status import work_status
+from airflow_stateful.core.data.transfer_progress import human_bytes
+from airflow_stateful.core.fleet.catalog import HeadRead, list_identities, read_heads
+from airflow_stateful.core.fleet.status import work_status
+from airflow_stateful.core.records.heads import HeadRecord
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL
 from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.core.timestamps import parse_iso
 from airflow_stateful.plugins.view_urls import URL_PREFIX
 
 
@@ -248,7 +249,7 @@ def _identities(
 ) -> Iterator[Identity]:
     """The identities under ``prefixes`` that ``may_read`` allows, counting what the request reads.
 
-    Every entry of the delimited listing (:func:`~airflow_stateful.core.catalog.list_identities`) counts as
+    Every entry of the delimited listing (:func:`~airflow_stateful.core.fleet.catalog.list_identities`) counts as
     one object against ``max_scanned``, and every identity whose head is to be read as one more. A readable
     identity past ``limit`` stops the listing, so the page can say there is more. An identity whose head
     turns out to be gone (objects left without state) counts against the limit but gets no row.
@@ -288,7 +289,7 @@ def collect(
 ) -> Listing:
     """Read the head of each identity under ``prefixes`` that ``may_read`` allows, within ``bounds``.
 
-    Heads are read a few at a time while the listing goes on (:func:`~airflow_stateful.core.catalog.read_heads`);
+    Heads are read a few at a time while the listing goes on (:func:`~airflow_stateful.core.fleet.catalog.read_heads`);
     when a bound stops the listing, the identities listed before it are still shown.
     """
     deadline = monotonic() + bounds.seconds

@@ -14,10 +14,10 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from airflow_stateful.core.catalog import list_identities, read_heads
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.identity import RUN_SCOPE, Identity, encode_segment
-from airflow_stateful.core.status import work_status
+from airflow_stateful.core.fleet.catalog import list_identities, read_heads
+from airflow_stateful.core.fleet.status import work_status
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.identity import RUN_SCOPE, Identity, encode_segment
 from airflow_stateful.core.stores.base import CommonPrefix, ObjectStore
 from airflow_stateful.plugins.view_rows import Bounds, human_age, when
 from airflow_stateful.plugins.view_task import (

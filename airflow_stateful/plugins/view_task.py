@@ -25,15 +25,17 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
-from airflow_stateful.core.catalog import HeadRead, list_identities, ordered_map, read_head, read_heads
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.cursors import cursor_rows, cursors_to_json, read_cursors
-from airflow_stateful.core.cursors import items_done as cursors_items_done
-from airflow_stateful.core.identity import NAMED_SCOPE, Identity, encode_segment
-from airflow_stateful.core.progress import human_bytes
-from airflow_stateful.core.records import CheckpointEntry, HeadRecord, Manifest, parse_iso
-from airflow_stateful.core.status import WorkStatus, work_status
+from airflow_stateful.core.data.transfer_progress import human_bytes
+from airflow_stateful.core.fleet.catalog import HeadRead, list_identities, ordered_map, read_head, read_heads
+from airflow_stateful.core.fleet.status import WorkStatus, work_status
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.cursors import cursor_rows, cursors_to_json, read_cursors
+from airflow_stateful.core.records.cursors import items_done as cursors_items_done
+from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
+from airflow_stateful.core.records.identity import NAMED_SCOPE, Identity, encode_segment
+from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.core.timestamps import parse_iso
 from airflow_stateful.plugins.view_chart import Chart, LeaseMarks, Point, build_chart
 from airflow_stateful.plugins.view_rows import Bounds, human_age, when
 

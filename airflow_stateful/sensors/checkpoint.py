@@ -29,10 +29,10 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_stateful.compat import airflow_conf
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.conditions import LEASE_RELEASED, CheckpointCondition
 from airflow_stateful.core.errors import InvalidValueError, StatefulError
-from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.fleet.conditions import LEASE_RELEASED, CheckpointCondition
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.hooks.state import StateHook
 from airflow_stateful.triggers.checkpoint import CheckpointTrigger
 

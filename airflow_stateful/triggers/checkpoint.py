@@ -19,10 +19,10 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_stateful.core.checkpoint_store import CheckpointStore
-from airflow_stateful.core.conditions import CheckpointCondition, Verdict
 from airflow_stateful.core.errors import StatefulError
-from airflow_stateful.core.identity import Identity
+from airflow_stateful.core.fleet.conditions import CheckpointCondition, Verdict
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.records.identity import Identity
 
 
 class CheckpointTrigger(BaseTrigger):
@@ -33,7 +33,7 @@ class CheckpointTrigger(BaseTrigger):
     credentials, a corrupt head record): those do not heal by waiting.
 
     :param identity: the identity key to watch, e.g. ``"etl/export/name=orders/map=-1"``.
-    :param condition: a :class:`~airflow_stateful.core.conditions.CheckpointCondition` as ``to_dict()``.
+    :param condition: a :class:`~airflow_stateful.core.fleet.conditions.CheckpointCondition` as ``to_dict()``.
     :param backend_url: ``s3://bucket/prefix`` or ``file:///path``; default ``[stateful] backend_url`` as
         configured on the triggerer (the sensors pass the URL their worker resolved).
     :param conn_id: Airflow connection for S3; default ``[stateful] conn_id``.

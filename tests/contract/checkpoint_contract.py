@@ -23,8 +23,9 @@ from airflow_stateful.core.errors import (
     InvalidValueError,
     LeaseHeldError,
 )
-from airflow_stateful.core.records import FORMAT_VERSION, HEAD_NAME, canonical_json, sha256_hex
-from airflow_stateful.core.session import WriterSession
+from airflow_stateful.core.protocol.session import WriterSession
+from airflow_stateful.core.records.canonical import canonical_json, sha256_hex
+from airflow_stateful.core.records.formats import FORMAT_VERSION, HEAD_NAME
 from airflow_stateful.core.stores.base import ObjectStore
 from contract.faults import CrashingStore, FakeClock, SimulatedCrash
 
@@ -411,7 +412,7 @@ class CheckpointStoreContract:
     @staticmethod
     def _reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         """The files a commit reads (a spy on the real chunker: every read still happens)."""
-        from airflow_stateful.core import transfer
+        from airflow_stateful.core.data import transfer
 
         read: list[str] = []
         real = transfer.iter_chunks
@@ -428,7 +429,7 @@ class CheckpointStoreContract:
     ) -> None:
         """Files settled before a save are not read again by the same writer while their status holds; a
         changed file is read, uploaded and restored with its new bytes."""
-        from airflow_stateful.core import file_index
+        from airflow_stateful.core.data import file_index
 
         monkeypatch.setattr(file_index, "RACY_SECONDS", 0.05)
         src = tree(tmp_path / "src", {"a.bin": b"a" * 5000, "b.bin": b"b" * 7000, "c.bin": b"c" * 300})
@@ -458,7 +459,7 @@ class CheckpointStoreContract:
     ) -> None:
         """``touch -r``/``cp -p`` put the old modification time back; the change time still moves, so the
         new bytes are read and committed, never the old chunks."""
-        from airflow_stateful.core import file_index
+        from airflow_stateful.core.data import file_index
 
         monkeypatch.setattr(file_index, "RACY_SECONDS", 0.05)
         src = tree(tmp_path / "src", {"w.bin": b"old weights!" * 100})
@@ -495,7 +496,7 @@ class CheckpointStoreContract:
     ) -> None:
         """After the checkpoint the index came from is gone (another writer's newer checkpoint, retention), an
         unchanged file is read and its chunks uploaded again: every checkpoint holds its own chunks."""
-        from airflow_stateful.core import file_index
+        from airflow_stateful.core.data import file_index
 
         monkeypatch.setattr(file_index, "RACY_SECONDS", 0.05)
         src = tree(tmp_path / "src", {"a.bin": b"a" * 5000})
@@ -518,7 +519,7 @@ class CheckpointStoreContract:
         succeeds (staging files are closed as they complete, at most MAX_OPEN_FILES at once)."""
         import resource
 
-        from airflow_stateful.core.transfer import MAX_OPEN_FILES
+        from airflow_stateful.core.data.transfer import MAX_OPEN_FILES
 
         src = tree(tmp_path / "src", {f"d{i % 7}/f{i:04d}.txt": f"file {i}".encode() for i in range(600)})
         cs = make(store)

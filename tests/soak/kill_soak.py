@@ -15,7 +15,7 @@ write, the head compare-and-swap, the ack), and then checks with a fresh reader:
 Each restore round fills a destination with a different complete earlier state (an older checkpoint plus a
 file no checkpoint holds), starts ``writer.py restore`` of the latest checkpoint into it in mode ``"exact"``,
 SIGKILLs it at a random moment (or just as its last chunk arrived, when it starts putting files in place), calls
-``airflow_stateful.core.restore.recover_interrupted(dest)`` and checks that the destination is then, byte for
+``airflow_stateful.core.data.restore.recover_interrupted(dest)`` and checks that the destination is then, byte for
 byte, exactly the earlier state (the extra file included) or exactly what an uninterrupted restore makes of it
 (exactly the checkpoint's files: the extra file gone), with no staging left.
 
@@ -60,7 +60,7 @@ if str(TESTS) not in sys.path:
 from maintenance import missing_references  # noqa: E402
 
 from airflow_stateful.core import CheckpointEntry, CheckpointStore, Identity, Manifest  # noqa: E402
-from airflow_stateful.core import restore as restore_module  # noqa: E402
+from airflow_stateful.core.data import restore as restore_module  # noqa: E402
 from airflow_stateful.core.errors import StatefulError  # noqa: E402
 from airflow_stateful.core.stores.base import ObjectStore  # noqa: E402
 from soak.writer import (  # noqa: E402
@@ -576,7 +576,7 @@ class Soak:
             err = (self.run_dir / "restore.err").read_text(errors="replace")[-2000:]
             self.violation(f"{where}: the restore exited with code {proc.returncode}: {err}")
         if recover is None:
-            raise RuntimeError("airflow_stateful.core.restore.recover_interrupted does not exist")
+            raise RuntimeError("airflow_stateful.core.data.restore.recover_interrupted does not exist")
         recovered = recover(dest)
         tally.restore_recovered += bool(recovered)
         leftovers = sorted(p.name for p in dest.iterdir() if p.name.startswith(STAGING_PREFIX))

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession
-from airflow_stateful.core.records import HEAD_NAME
+from airflow_stateful.core.records.formats import HEAD_NAME
 from airflow_stateful.core.stores.base import Blob, ObjectInfo, ObjectStore, ProgressCallback, StoredFile
 
 MIB = 1024 * 1024

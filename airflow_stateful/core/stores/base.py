@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from airflow_stateful.core.errors import ObjectTooLargeError
-from airflow_stateful.core.integrity import HeadSigner
+from airflow_stateful.core.records.integrity import HeadSigner
 
 ProgressCallback = Callable[[int], None]
 """Called with the number of bytes moved since the previous call."""

@@ -1,0 +1,233 @@
+"""Turning a user's ``files=`` argument into a checked list of files, before anything is written."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from airflow_stateful.core.errors import CheckpointCorruptError, InvalidValueError
+from airflow_stateful.core.records.trees import MAX_PATH
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A file to checkpoint: where it is now and the relative path it is restored to."""
+
+    path: Path
+    rel: str
+    size: int
+
+
+def collect_files(
+    files: str | os.PathLike[str] | None,
+    *,
+    exclude: Collection[str] = (),
+    follow_symlinks: bool = False,
+) -> list[LocalFile]:
+    """List the regular files of a file or directory tree, sorted by relative path.
+
+    A single file is restored under its own name; a directory's files keep their paths below it. Empty
+    directories are not recorded. Special files (pipes, sockets, devices) are refused by name. ``exclude``
+    names relative paths to leave out (the pod client keeps its value file beside the data).
+
+    Symbolic links inside the tree are refused by name unless ``follow_symlinks`` is given; then a link is
+    saved as what it points to, which must be inside the saved directory (a link out of it, a dangling link
+    and a loop are refused by name). Either way nothing outside the directory is ever read. ``files`` itself
+    may be a link: it is the user's own choice of what to save.
+    """
+    if files is None:
+        return []
+    if not isinstance(files, (str, os.PathLike)):
+        raise InvalidValueError(
+            f"files must be a path to a file or directory, not {type(files).__name__} {files!r}"
+        )
+    given = Path(files)
+    if not given.exists():
+        raise InvalidValueError(f"files={str(given)!r} does not exist.")
+    if given.is_file():
+        _check_restorable(given.name, shown=str(given))
+        return [LocalFile(path=given, rel=given.name, size=given.stat().st_size)]
+    if not given.is_dir():
+        raise InvalidValueError(f"files={str(given)!r} is neither a regular file nor a directory.")
+    root = given.resolve()
+    found: list[LocalFile] = []
+    visited = {root}
+
+    def unreadable(error: OSError) -> None:
+        raise error  # os.walk skips a directory it cannot list unless told: never save part of a tree silently
+
+    try:
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_symlinks, onerror=unreadable):
+            here = Path(dirpath)
+            for name in sorted(dirnames):
+                path = here / name
+                if path.is_symlink():
+                    target = _link_target(path, root=root, given=given, follow=follow_symlinks)
+                    if target in visited:
+                        raise InvalidValueError(
+                            f"{_shown(path, root, given)!r} links back to a directory already saved (a loop); "
+                            "remove the link."
+                        )
+                    visited.add(target)
+            for name in filenames:
+                path = here / name
+                source = path
+                if path.is_symlink():
+                    source = _link_target(path, root=root, given=given, follow=follow_symlinks)
+                try:
+                    st = source.stat()
+                except FileNotFoundError:
+                    raise InvalidValueError(
+                        f"{_shown(path, root, given)!r} disappeared while the checkpoint was prepared; nothing "
+                        "was written."
+                    ) from None
+                if not stat.S_ISREG(st.st_mode):
+                    raise InvalidValueError(
+                        f"{_shown(path, root, given)!r} is not a regular file (pipe, socket or device); move it "
+                        f"out of {str(given)!r}."
+                    )
+                rel = path.relative_to(root).as_posix()
+                _check_restorable(rel, shown=_shown(path, root, given))
+                if rel not in exclude:
+                    found.append(LocalFile(path=source, rel=rel, size=st.st_size))
+    except OSError as error:
+        # Any other failure to read the tree (a directory that cannot be listed, a path too long for the
+        # system, an I/O error) names the place and writes nothing.
+        where = Path(error.filename) if isinstance(error.filename, str) else root
+        shown = _shown(where, root, given) if root in where.parents else str(where)
+        raise InvalidValueError(
+            f"{shown!r} cannot be read ({error.strerror or error}); nothing was written."
+        ) from error
+    found.sort(key=lambda f: f.rel)
+    return found
+
+
+def _shown(path: Path, root: Path, given: Path) -> str:
+    """``path`` as the user knows it: below the directory they passed, not its resolved form."""
+    return str(given / path.relative_to(root))
+
+
+def _link_target(path: Path, *, root: Path, given: Path, follow: bool) -> Path:
+    """Where the link ``path`` leads, if links may be followed and it stays inside ``root``."""
+    shown = _shown(path, root, given)
+    if not follow:
+        raise InvalidValueError(
+            f"{shown!r} is a symbolic link; links are not saved by default. Pass follow_symlinks=True to save "
+            "what it points to (which must be inside the saved directory), or remove it."
+        )
+    try:
+        target = path.resolve(strict=True)
+    except FileNotFoundError:
+        raise InvalidValueError(
+            f"{shown!r} is a dangling symbolic link (its target does not exist)."
+        ) from None
+    except RuntimeError:  # a loop of links
+        raise InvalidValueError(f"{shown!r} is a loop of symbolic links.") from None
+    if target != root and root not in target.parents:
+        raise InvalidValueError(
+            f"{shown!r} links to {str(target)!r}, outside the saved directory {str(given)!r}; a checkpoint "
+            "never reads outside the directory it saves."
+        )
+    return target
+
+
+def check_restore_targets(dest: Path, rels: Collection[PurePosixPath]) -> None:
+    """Refuse a restore that would write through a link or onto a file, before anything is moved.
+
+    Every directory on the way from ``dest`` to each file must be a real directory or not exist yet: a
+    symbolic link already inside ``dest`` (planted, or left by the job) would redirect the restore outside
+    ``dest``, and a file where a directory belongs would stop it half-way.
+    """
+    checked: set[Path] = set()
+    for rel in rels:
+        current = dest
+        for part in rel.parts[:-1]:
+            current = current / part
+            if current in checked:
+                continue
+            checked.add(current)
+            if current.is_symlink():
+                raise InvalidValueError(
+                    f"{str(current)!r} is a symbolic link inside the restore destination; a restore never writes "
+                    "through links. Remove it (nothing was restored)."
+                )
+            if current.exists() and not current.is_dir():
+                raise InvalidValueError(
+                    f"{str(current)!r} is a file where the checkpoint has a directory; remove it (nothing was "
+                    "restored)."
+                )
+        target = dest / rel
+        if target.is_dir() and not target.is_symlink():
+            raise InvalidValueError(
+                f"{str(target)!r} is a directory where the checkpoint has a file; remove it (nothing was restored)."
+            )
+
+
+def check_restore_directory(path: Path) -> None:
+    """Refuse a restore into ``path`` (a directory output's own path) when it is a link or a file: a restore
+    never writes through links, and a file there would stop it. Nothing has been changed when it raises."""
+    if path.is_symlink():
+        raise InvalidValueError(
+            f"{str(path)!r} is a symbolic link; a restore never writes through links. Remove it (nothing was "
+            "restored)."
+        )
+    if path.exists() and not path.is_dir():
+        raise InvalidValueError(
+            f"{str(path)!r} is a file where the checkpoint has a directory; remove it (nothing was restored)."
+        )
+
+
+def path_problem(rel: str) -> str | None:
+    """Why a checkpoint may not record the relative path ``rel``, or ``None``.
+
+    The one rule for both sides: save refuses (by name, before anything is written) exactly the paths that
+    restore refuses, so a checkpoint that was written can always be restored.
+    """
+    if not rel or rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
+        return "it would restore outside the target directory"
+    if "\\" in rel:
+        return "it has a backslash, which restore refuses (on Windows it is a path separator)"
+    if "\x00" in rel:
+        return "it has a NUL character"
+    if len(rel) > MAX_PATH:
+        return f"it is longer than {MAX_PATH} characters"
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it is not valid UTF-8 (the file system holds bytes no text encoding can record)"
+    return None
+
+
+def _check_restorable(rel: str, *, shown: str) -> None:
+    problem = path_problem(rel)
+    if problem is not None:
+        raise InvalidValueError(
+            f"{shown!r} cannot be checkpointed: {problem}. Rename it or move it out of the saved directory "
+            "(nothing was written)."
+        )
+
+
+def safe_relative(rel: str, *, manifest_key: str) -> PurePosixPath:
+    """Refuse manifest paths that would restore outside the destination directory (or that save refuses)."""
+    problem = path_problem(rel)
+    if problem is not None:
+        raise CheckpointCorruptError(f"manifest {manifest_key!r} lists the file path {rel!r}: {problem}.")
+    return PurePosixPath(rel)
+
+
+def check_distinct_paths(rels: Collection[PurePosixPath], *, manifest_key: str) -> None:
+    """Refuse a file list naming one path twice, or a path that is both a file and a directory (``a`` and
+    ``a/b``): no directory can hold both, and a restore would fail half-way. Save never writes such a list."""
+    files = {str(rel) for rel in rels}
+    if len(files) != len(rels):
+        raise CheckpointCorruptError(f"manifest {manifest_key!r} lists a file path twice.")
+    for rel in rels:
+        for parent in rel.parents:
+            if str(parent) in files:
+                raise CheckpointCorruptError(
+                    f"manifest {manifest_key!r} lists {str(parent)!r} as a file and {str(rel)!r} below it; "
+                    "nothing was restored."
+                )

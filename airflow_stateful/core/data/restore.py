@@ -1,0 +1,395 @@
+"""Restoring a checkpoint's files: verified, in parallel, all or nothing.
+
+Every file is assembled in a staging directory inside the destination (same filesystem, so the final moves
+are renames): format-2 files chunk by chunk, each chunk checked against its SHA-256 and size; format-1 files
+object by object through the store's verifying download. Only when every file of the checkpoint is complete
+and verified are they moved into place; on any error the destination is left exactly as it was.
+
+What the destination already holds is handled by the restore's mode (:mod:`airflow_stateful.core.data.restore_modes`):
+in mode ``"exact"`` what the checkpoint does not have is moved aside within the same journaled swap, so a kill
+or an error puts it back too, and it is deleted only once the swap completed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+from airflow_stateful.core import events
+from airflow_stateful.core.data.files import check_distinct_paths, check_restore_targets, safe_relative
+from airflow_stateful.core.data.restore_modes import (
+    EMPTY,
+    EXACT,
+    STAGING_PREFIX,
+    RestoreResult,
+    check_mode,
+    not_in_checkpoint,
+    refuse_unless_empty,
+)
+from airflow_stateful.core.data.transfer import download_files
+from airflow_stateful.core.data.transfer_progress import TransferProgress
+from airflow_stateful.core.errors import CheckpointCorruptError, ObjectNotFoundError
+from airflow_stateful.core.records.formats import manifest_key
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.manifests import Manifest
+from airflow_stateful.core.records.trees import ChunkRef, Tree, TreeFile
+from airflow_stateful.core.stores.base import ObjectStore
+
+
+class Restorable(Protocol):
+    """What a restore needs of one identity's checkpoints (a
+    :class:`~airflow_stateful.core.protocol.checkpoint_store.CheckpointStore` is one): where the bytes are, whose they are,
+    how many to move at once, and a checkpoint's verified tree. A protocol, so this module, which the checkpoint
+    store calls, never imports it back."""
+
+    @property
+    def store(self) -> ObjectStore: ...
+
+    @property
+    def identity(self) -> Identity: ...
+
+    @property
+    def parallelism(self) -> int: ...
+
+    def tree(self, manifest: Manifest) -> Tree | None: ...
+
+
+log = logging.getLogger("airflow_stateful")
+
+PROGRESS_MIN_BYTES = 64 * 1024 * 1024
+
+
+class ChunkCache:
+    """Where a restore may find chunks without downloading them (see :mod:`airflow_stateful.core.data.chunk_cache`)."""
+
+    def get(self, chunk: ChunkRef) -> bytes | None:  # pragma: no cover - interface
+        return None
+
+    def put(self, chunk: ChunkRef, data: bytes) -> None:  # pragma: no cover - interface
+        return None
+
+
+def restore_files(
+    checkpoints: Restorable,
+    manifest: Manifest,
+    dest: str | Path,
+    *,
+    mode: str = EXACT,
+    cache: ChunkCache | None = None,
+) -> RestoreResult:
+    """Download ``manifest``'s files into directory ``dest``, verified, all or nothing, in restore ``mode``.
+
+    A checkpoint that carries no files (value only) leaves ``dest`` as it is in every mode: exact never empties
+    a directory because of a checkpoint that did not save one."""
+    mode = check_mode(mode)
+    dest = Path(dest)
+    prepare(dest, mode)  # before the tree is read: mode "empty" refuses before anything is downloaded
+    if not manifest.has_files:
+        return RestoreResult(dest=dest, mode=mode, seq=manifest.seq, untouched=True)
+    where = manifest_key(checkpoints.identity.key, manifest.seq, manifest.commit_id)
+    tree = checkpoints.tree(manifest)
+    if tree is not None:
+        return restore_tree_files(
+            checkpoints,
+            list(tree.files),
+            dest,
+            where=where,
+            label=str(checkpoints.identity),
+            seq=manifest.seq,
+            mode=mode,
+            cache=cache,
+        )
+    return _restore_legacy(checkpoints, manifest, dest, where=where, mode=mode)
+
+
+def prepare(dest: Path, mode: str) -> None:
+    """What a restore checks before it reads anything: an interrupted restore into ``dest`` is undone first
+    (its rollback may bring files back), then mode ``"empty"`` refuses a destination that is not empty."""
+    if dest.is_dir():
+        recover_interrupted(dest)
+    if mode == EMPTY:
+        refuse_unless_empty(dest)
+
+
+def _restore_legacy(
+    checkpoints: Restorable, manifest: Manifest, dest: Path, *, where: str, mode: str
+) -> RestoreResult:
+    """Format 1: whole-file objects, each through the store's verifying download."""
+    identity = checkpoints.identity
+
+    def fetch(rels: list[PurePosixPath], incoming: Path, progress: TransferProgress | None) -> None:
+        for rel, entry in zip(rels, manifest.files, strict=True):
+            try:
+                checkpoints.store.download_file(
+                    entry.key, incoming / rel, size=entry.size, sha256=entry.sha256, progress=progress
+                )
+            except ObjectNotFoundError as exc:
+                raise CheckpointCorruptError(
+                    f"file {entry.path!r} of checkpoint {manifest.seq} of {identity} is missing: {exc}. "
+                    "Nothing was restored."
+                ) from exc
+
+    return _restore(
+        checkpoints,
+        dest,
+        [f.path for f in manifest.files],
+        manifest.total_size,
+        fetch,
+        where=where,
+        label=str(identity),
+        seq=manifest.seq,
+        mode=mode,
+    )
+
+
+def restore_tree_files(
+    checkpoints: Restorable,
+    files: list[TreeFile],
+    dest: str | Path,
+    *,
+    where: str,
+    label: str,
+    seq: int,
+    mode: str = EXACT,
+    what: str = "checkpoint",
+    cache: ChunkCache | None = None,
+) -> RestoreResult:
+    """Download ``files`` (tree entries: relative path, size, chunks) into ``dest``, verified, all or nothing.
+
+    A checkpoint's tree, or a published output's files. ``where`` names the record in errors, ``label`` what is
+    restored in progress lines, ``what`` in the result's log line; ``mode`` is the restore mode."""
+
+    def fetch(rels: list[PurePosixPath], incoming: Path, progress: TransferProgress | None) -> None:
+        download_files(
+            checkpoints.store,
+            files=[(f, incoming / rel) for f, rel in zip(files, rels, strict=True)],
+            workers=checkpoints.parallelism,
+            cached=cache.get if cache is not None else None,
+            remember=cache.put if cache is not None else None,
+            progress=progress,
+        )
+
+    paths = [f.path for f in files]
+    return _restore(
+        checkpoints,
+        Path(dest),
+        paths,
+        sum(f.size for f in files),
+        fetch,
+        where=where,
+        label=label,
+        seq=seq,
+        mode=check_mode(mode),
+        what=what,
+    )
+
+
+def _restore(
+    checkpoints: Restorable,
+    dest: Path,
+    paths: list[str],
+    total: int,
+    fetch: Callable[[list[PurePosixPath], Path, TransferProgress | None], None],
+    *,
+    where: str,
+    label: str,
+    seq: int,
+    mode: str,
+    what: str = "checkpoint",
+) -> RestoreResult:
+    """What every restore does around its downloads: undo an interrupted restore into ``dest``, apply the mode's
+    check, check the paths, let ``fetch`` download and verify every file into a staging directory, then swap
+    them in all or nothing (in mode ``"exact"`` moving out what the checkpoint does not have), and report the
+    restore. ``fetch(rels, incoming, progress)`` writes each ``incoming / rel``."""
+    started = time.monotonic()
+    prepare(dest, mode)
+    dest.mkdir(parents=True, exist_ok=True)
+    rels = [safe_relative(path, manifest_key=where) for path in paths]
+    check_distinct_paths(rels, manifest_key=where)
+    check_restore_targets(dest, rels)
+    progress = None
+    if total >= PROGRESS_MIN_BYTES:
+        progress = TransferProgress(
+            label=f"restoring {len(rels)} file(s) of {label}", total_bytes=total, logger=log
+        )
+    staging = dest / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
+    try:
+        fetch(rels, staging / "new", progress)
+        restored, removed, replaced = _swap_in(dest, staging, rels, exact=mode == EXACT)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if progress:
+        progress.finish()
+    events.emit(
+        events.RESTORE,
+        identity=checkpoints.identity.key,
+        seq=seq,
+        bytes=total,
+        files=len(restored),
+        duration=time.monotonic() - started,
+    )
+    return RestoreResult(
+        dest=dest,
+        mode=mode,
+        seq=seq,
+        files=restored,
+        removed=removed,
+        replaced=replaced,
+        bytes=total,
+        what=what,
+    )
+
+
+_JOURNAL = "journal.json"
+
+
+def _swap_in(
+    dest: Path, staging: Path, rels: list[PurePosixPath], *, exact: bool
+) -> tuple[list[Path], list[str], int]:
+    """Move the verified files from ``staging/new`` into ``dest``, all or nothing; with ``exact``, first move
+    what the checkpoint does not have out of ``dest``. Returns the restored paths, the removed relative paths and
+    how many files were replaced.
+
+    A journal (the paths, the directories this restore creates, and what exact moves out) is written first;
+    each file already in ``dest`` is moved aside into ``staging/old`` before the new one takes its place, and
+    each entry exact moves out goes to ``staging/gone/<n>`` (a whole directory in one move). On any error the
+    moves are undone here; after a crash (SIGKILL, a lost node) the next restore into ``dest`` (or
+    :func:`recover_interrupted`) undoes them. Either way ``dest`` ends as it was or complete, never a mix. What
+    was moved aside is deleted only with the staging directory, after the journal is gone.
+    """
+    created: list[str] = []
+    seen: set[Path] = set()
+    for rel in rels:
+        for parent in reversed((dest / rel).parents):
+            if parent in seen or parent == dest or dest not in parent.parents:
+                continue
+            seen.add(parent)
+            if not parent.exists():
+                created.append(str(parent.relative_to(dest)))
+    existed = [(dest / rel).exists() or (dest / rel).is_symlink() for rel in rels]
+    aside, removed = not_in_checkpoint(dest, rels) if exact else ([], [])
+    journal = {
+        "pid": os.getpid(),
+        "files": [str(rel) for rel in rels],
+        "existed": existed,
+        "created": created,
+        "removed": [str(rel) for rel in aside],
+    }
+    staging.mkdir(exist_ok=True)  # a checkpoint without files downloaded nothing into it
+    with open(staging / _JOURNAL, "w", encoding="utf-8") as out:
+        json.dump(journal, out)
+        out.flush()
+        os.fsync(out.fileno())
+    restored = []
+    replaced = 0
+    try:
+        if aside:
+            (staging / "gone").mkdir()
+        for n, rel in enumerate(aside):
+            extra = dest / rel
+            if extra.exists() or extra.is_symlink():  # gone since it was listed: nothing to move
+                extra.replace(staging / "gone" / str(n))
+        for name in created:
+            (dest / name).mkdir(exist_ok=True)
+        for rel in rels:
+            target = dest / rel
+            # Stat again (the journal's `existed` is a moment old): a file that appeared since is moved aside too,
+            # so a rollback puts it back instead of losing it.
+            if target.exists() or target.is_symlink():
+                aside_file = staging / "old" / rel
+                aside_file.parent.mkdir(parents=True, exist_ok=True)
+                target.replace(aside_file)
+                replaced += 1
+            (staging / "new" / rel).replace(target)
+            restored.append(target)
+    except BaseException:
+        _roll_back(dest, staging, journal)
+        raise
+    # The restore is complete: drop the journal *before* the staging directory (whose deletion order is the
+    # file system's), so a kill during that cleanup can never roll back a finished restore without its backups.
+    (staging / _JOURNAL).unlink()
+    return restored, removed, replaced
+
+
+def _roll_back(dest: Path, staging: Path, journal: dict[str, Any]) -> None:
+    """Undo the moves of an interrupted :func:`_swap_in` (any prefix of them), newest first."""
+    existed = journal.get("existed")
+    for n, name in reversed(list(enumerate(journal["files"]))):
+        rel = safe_relative(name, manifest_key="restore journal")
+        target, aside, incoming = dest / rel, staging / "old" / rel, staging / "new" / rel
+        was_there = existed[n] if isinstance(existed, list) and n < len(existed) else True
+        if aside.exists() or aside.is_symlink():
+            aside.replace(target)  # what was there before comes back
+        elif not was_there and not incoming.exists() and (target.exists() or target.is_symlink()):
+            target.unlink()  # moved in by the restore, where nothing was before
+    for name in reversed(journal["created"]):
+        with contextlib.suppress(OSError):
+            (dest / safe_relative(name, manifest_key="restore journal")).rmdir()  # only if empty
+    removed = journal.get("removed")
+    for n, name in reversed(list(enumerate(removed if isinstance(removed, list) else []))):
+        gone = staging / "gone" / str(n)
+        extra = _inside(name)
+        if extra is not None and (gone.exists() or gone.is_symlink()):
+            (dest / extra).parent.mkdir(parents=True, exist_ok=True)
+            gone.replace(dest / extra)  # what exact moved out comes back
+
+
+def _inside(name: Any) -> PurePosixPath | None:
+    """A journal's removed path, if it stays inside the destination. Not :func:`safe_relative`: these are names
+    found on disk (a backslash or an odd encoding is theirs to have), not names a checkpoint may record."""
+    if not isinstance(name, str) or not name or name.startswith("/") or "\x00" in name:
+        return None
+    rel = PurePosixPath(name)
+    return None if any(part in ("", ".", "..") for part in name.split("/")) else rel
+
+
+def recover_interrupted(dest: str | Path) -> bool:
+    """Undo a restore into ``dest`` that was killed while it moved files into place; True if one was found.
+
+    A restore killed while downloading left only its staging directory (removed here: ``dest`` never
+    changed). One killed while moving files left a journal: every file it had moved in is taken out again
+    and every file it had moved aside is put back, so ``dest`` is exactly as before that restore. A staging
+    directory whose process is still alive on this machine is left alone. Every restore calls this first.
+    """
+    dest = Path(dest)
+    found = False
+    if not dest.is_dir():
+        return False
+    for staging in dest.glob(f"{STAGING_PREFIX}*"):
+        if not staging.is_dir() or staging.is_symlink():
+            continue
+        journal: dict[str, Any] | None = None
+        with contextlib.suppress(OSError, ValueError):
+            journal = json.loads((staging / _JOURNAL).read_text(encoding="utf-8"))
+        pid = journal.get("pid") if isinstance(journal, dict) else None
+        if isinstance(pid, int) and pid != os.getpid() and _alive(pid):
+            log.warning("%s: another process (pid %d) is restoring here; leaving it alone", staging, pid)
+            continue
+        if (
+            isinstance(journal, dict)
+            and isinstance(journal.get("files"), list)
+            and isinstance(journal.get("created"), list)
+        ):
+            log.warning("%s: undoing a restore that was interrupted while moving files into place", dest)
+            _roll_back(dest, staging, journal)
+        shutil.rmtree(staging, ignore_errors=True)
+        found = True
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,109 @@
+"""Reading and advancing an identity's head record.
+
+All state changes of an identity (taking, renewing, releasing or breaking a lease; committing a checkpoint;
+retention) go through :meth:`HeadStore.update`, a compare-and-swap (:mod:`airflow_stateful.core.protocol.cas`): a pure
+function decides the new head from the current one, and a lost race decides again on the fresh head.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from airflow_stateful.core.errors import ObjectNotFoundError
+from airflow_stateful.core.protocol.cas import DEFAULT_BACKOFF, Backoff, compare_and_swap
+from airflow_stateful.core.records.formats import HEAD_NAME, MAX_HEAD_BYTES
+from airflow_stateful.core.records.heads import HeadRecord
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.core.timestamps import utcnow_iso
+
+
+class HeadStore:
+    """The head record of one identity in one object store.
+
+    Safe to share between the threads of one writer (a task and its lease heartbeat): updates from one
+    process are serialised by a lock, so they never race each other for the ETag.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        identity: Identity,
+        clock: Callable[[], float] = time.time,
+        backoff: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
+        self.store = store
+        self.identity = identity
+        self.clock = clock
+        self.backoff = backoff
+        self.key = f"{identity.key}/{HEAD_NAME}"
+        self._cached: tuple[HeadRecord, str] | None = None
+        self._lock = threading.RLock()
+
+    def _read(self, data: bytes) -> HeadRecord:
+        return HeadRecord.from_bytes(data, key=self.key, signer=self.store.head_signer)
+
+    def _encode(self, head: HeadRecord) -> bytes:
+        return head.to_bytes(self.store.head_signer)
+
+    def load(self) -> tuple[HeadRecord | None, str | None]:
+        """The current head and its ETag, or ``(None, None)`` when the identity has never been used."""
+        with self._lock:
+            try:
+                blob = self.store.get(self.key, max_bytes=MAX_HEAD_BYTES)
+            except ObjectNotFoundError:
+                self._cached = None
+                return None, None
+            head = self._read(blob.data)
+            self._cached = (head, blob.etag)
+            return head, blob.etag
+
+    def cached(self) -> HeadRecord | None:
+        """The head as this process last read or wrote it (maybe stale), or a fresh read if there is none."""
+        cached = self._cached
+        if cached is None:
+            return self.load()[0]
+        return cached[0]
+
+    def update(self, decide: Callable[[HeadRecord | None], HeadRecord], *, fresh: bool = True) -> HeadRecord:
+        """Apply ``decide`` to the current head and store the result atomically.
+
+        ``decide`` may raise to abort (nothing is written), or return ``current`` itself to say the change is
+        already there (nothing is written; e.g. an earlier attempt's write landed but its answer was lost).
+        With ``fresh=False`` the first attempt starts from the head this process last saw, saving a request;
+        a refusal on that copy is re-judged on a fresh read. Decisions that can *refuse* on old data (taking
+        a lease) should still use ``fresh=True`` so the common case does not pay for a wasted write.
+        """
+
+        def stamped(current: HeadRecord | None) -> HeadRecord | None:
+            decided = decide(current)
+            if decided is current:
+                return current
+            return decided.evolve(updated_at=utcnow_iso(self.clock()))
+
+        with self._lock:
+            start = self._cached if not fresh and self._cached is not None else None
+            try:
+                head, etag = compare_and_swap(
+                    self.store,
+                    self.key,
+                    stamped,
+                    read=self._read,
+                    encode=self._encode,
+                    start=start,
+                    backoff=self.backoff,
+                    what="head record",
+                    max_bytes=MAX_HEAD_BYTES,
+                )
+            except BaseException:
+                self._cached = None
+                raise
+            if head is None or etag is None:
+                # ``decide`` accepted a missing head as it is (it never does today); nothing to cache.
+                self._cached = None
+                raise ObjectNotFoundError(f"identity {self.identity} has no head record in {self.store.url}")
+            self._cached = (head, etag)
+            return head

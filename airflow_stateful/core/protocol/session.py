@@ -1,0 +1,785 @@
+"""WriterSession: one writer's hold on an identity, for as long as its work runs.
+
+Every writer (a stateful task through :class:`~airflow_stateful.task_state.TaskState`, the Kubernetes
+operator, the in-pod client, the CLI's rollback) goes through this class, so there is one implementation of
+what makes a writer safe:
+
+* **open**: take the lease (a retry steals it, fencing every earlier try), or adopt a lease taken for this
+  writer (a pod adopts the operator's), then load and verify the newest checkpoint and apply the upgrade
+  rules: resume it, migrate it step by step (committing the migrated value before any user code runs), or
+  refuse / restart per ``on_incompatible``;
+* **heartbeat**: a daemon thread renews the lease every ``ttl/3`` or so (jittered), so a try may compute for
+  hours between two saves and still hold a live lease. A killed process stops renewing, and its lease
+  expires one ttl after the last renewal;
+* **lost**: if a renewal finds the lease taken over or broken, or cannot renew it before it expires (S3
+  unreachable for longer than the ttl), the session marks itself lost and logs it at ERROR level. The next
+  :meth:`commit` raises :class:`FencedError` before uploading anything, so a try that lost its lease stops
+  cheaply instead of uploading gigabytes that can never become visible;
+* **commit / release**: fenced commits through :class:`CheckpointStore`; on a clean end the lease is released.
+
+Expiry deadlines are kept on the monotonic clock: a deadline is the moment a renewal was *sent* plus the
+ttl, which is never later than the expiry the store records. See docs/adr/0003-lease-renewal-and-maintenance.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from airflow_stateful.core import events
+from airflow_stateful.core.data.restore import ChunkCache
+from airflow_stateful.core.data.restore_modes import EXACT, RestoreResult, check_mode
+from airflow_stateful.core.errors import (
+    CodeChangedError,
+    CommitOutcomeUnknownError,
+    FencedError,
+    IncompatibleStateError,
+    InvalidValueError,
+    MigrationError,
+)
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.protocol.lease import Lease, check_holder
+from airflow_stateful.core.protocol.migrations import migrate, migration_path, validate_schema
+from airflow_stateful.core.records.code_identity import ON_CODE_CHANGE, CodeIdentity
+from airflow_stateful.core.records.codecs import JSON, check_codec, decode_value
+from airflow_stateful.core.records.formats import MAX_EXPECTED_INTERVAL
+from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
+from airflow_stateful.core.records.manifests import Manifest
+from airflow_stateful.core.records.outcomes import FAILED, RUNNING, UP_FOR_RETRY, TryOutcome
+from airflow_stateful.core.records.outputs import StagedOutput
+from airflow_stateful.core.records.pins import pin_to_resume
+from airflow_stateful.core.records.trees import ChunkRef
+from airflow_stateful.core.records.writer import WriterInfo
+from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL, RENEW_FRACTION
+
+log = logging.getLogger("airflow_stateful")
+
+ON_INCOMPATIBLE = ("fail", "restart")
+CLEANUP_AFTER = 4
+"""Dropped checkpoints with objects of their own after which a session deletes them (in the background)."""
+
+
+def describe_checkpoint(manifest: Manifest) -> str:
+    """``checkpoint 7 (written by try 2, at ..., schema 1, dag version ...)`` for task logs."""
+    writer = manifest.writer
+    parts = [f"try {writer.try_number}" if writer.try_number is not None else writer.describe()]
+    parts.append(f"at {manifest.created_at}")
+    parts.append(f"schema {manifest.schema_version}")
+    if writer.dag_version_id:
+        parts.append(f"dag version {writer.dag_version_id}")
+    if manifest.code is not None and manifest.code.fingerprint:
+        parts.append(f"code {manifest.code.fingerprint}")
+    return f"checkpoint {manifest.seq} (written by {', '.join(parts)})"
+
+
+class WriterSession:
+    """A writer's lease on one identity, renewed in the background, with fenced commits.
+
+    :param checkpoints: the identity's checkpoint store (its ``lease_ttl`` is the lease's ttl).
+    :param writer: who writes (recorded in the lease and in every checkpoint).
+    :param schema_version: the version of the value this code writes (an integer >= 1).
+    :param migrations: ``{v: fn}`` turning a version ``v`` value into a version ``v + 1`` one.
+    :param on_incompatible: ``"fail"`` (default) or ``"restart"`` when the newest checkpoint cannot be brought
+        to ``schema_version``: start empty, and *pin* that checkpoint, so retention keeps it however many
+        checkpoints this code commits; the code that wrote it resumes from it when it runs again (a deploy
+        rolled back, then forward: :mod:`airflow_stateful.core.records.pins`).
+    :param value_codec: ``"json"`` or ``"pickle"`` (opt-in by name, for writing and reading).
+    :param steal: take the lease even from a live holder (an Airflow retry: the earlier try is over).
+    :param lease: adopt this lease instead of taking one (a pod adopts the lease its operator took, an
+        operator adopts the lease of the running pod it reattaches to).
+    :param release_on_close: give the lease up when the session closes; default: only a lease this session
+        took itself (a pod never releases the lease its operator holds for it).
+    :param heartbeat: renew the lease in a background thread (turn off only where a test drives the clock).
+    :param renew_every: seconds between renewals; default ``lease_ttl / 3``. Each wait is jittered down by
+        up to 20 % so writers started together do not renew in lock-step.
+    :param expected_checkpoint_interval: seconds within which this writer means to commit. Recorded in the
+        lease (so ``airflow-stateful stuck``, the UI and the sensor can tell a stuck writer from a dead one), and
+        checked by the heartbeat, which logs a warning and reports ``stateful.stuck`` once it is exceeded.
+        Default: ``[stateful] expected_checkpoint_interval`` as readers apply it (not recorded).
+    :param outcome: the try's ``running`` outcome (:mod:`airflow_stateful.core.records.outcomes`), recorded with the lease;
+        :meth:`end` records how it ended when the session releases the lease.
+    :param code: what code this writer runs (:mod:`airflow_stateful.core.records.code_identity`), recorded in every
+        checkpoint it commits and compared with the checkpoint it resumes.
+    :param on_code_change: when the checkpoint it resumes (same ``schema_version``) was written by other code
+        (another fingerprint): ``"resume"`` (default: resume, one INFO line saying from what to what),
+        ``"warn"`` (the same line as a WARNING), ``"restart"`` (start empty; the checkpoint stays in history) or
+        ``"fail"`` (:class:`~airflow_stateful.core.errors.CodeChangedError`, the checkpoint untouched).
+    """
+
+    def __init__(
+        self,
+        *,
+        checkpoints: CheckpointStore,
+        writer: WriterInfo,
+        schema_version: int = 1,
+        migrations: Mapping[int, Callable[[Any], Any]] | None = None,
+        on_incompatible: str = "fail",
+        value_codec: str = JSON,
+        steal: bool = True,
+        lease: Lease | None = None,
+        heartbeat: bool = True,
+        renew_every: float | None = None,
+        release_on_close: bool | None = None,
+        expected_checkpoint_interval: float | None = None,
+        outcome: TryOutcome | None = None,
+        code: CodeIdentity | None = None,
+        on_code_change: str = "resume",
+    ) -> None:
+        self.migrations = validate_schema(schema_version, migrations)
+        if on_code_change not in ON_CODE_CHANGE:
+            raise InvalidValueError(
+                f"on_code_change must be one of {', '.join(map(repr, ON_CODE_CHANGE))}, not {on_code_change!r}"
+            )
+        if on_incompatible not in ON_INCOMPATIBLE:
+            raise InvalidValueError(
+                f"on_incompatible must be one of {', '.join(map(repr, ON_INCOMPATIBLE))}, not {on_incompatible!r}"
+            )
+        check_codec(value_codec)
+        if lease is not None and lease.identity != checkpoints.identity:
+            raise ValueError(f"lease is for {lease.identity}, not {checkpoints.identity}")
+        ttl = checkpoints.lease_ttl
+        every = ttl * RENEW_FRACTION if renew_every is None else float(renew_every)
+        if not 0 < every < ttl:
+            raise ValueError(
+                f"renew_every must be between 0 and the lease ttl ({ttl:g} s), not {renew_every!r}"
+            )
+        if expected_checkpoint_interval is not None and (
+            isinstance(expected_checkpoint_interval, bool)
+            or not isinstance(expected_checkpoint_interval, (int, float))
+            or not 1 <= expected_checkpoint_interval <= MAX_EXPECTED_INTERVAL
+        ):
+            raise InvalidValueError(
+                "expected_checkpoint_interval must be from 1 second to a year, not "
+                f"{expected_checkpoint_interval!r}"
+            )
+        self.expected_interval = (
+            float(expected_checkpoint_interval) if expected_checkpoint_interval is not None else None
+        )
+        self.checkpoints = checkpoints
+        self.identity = checkpoints.identity
+        self.writer = writer
+        self.code = code
+        self.on_code_change = on_code_change
+        self._started_as = outcome
+        self._ended_as: TryOutcome | None = None
+        self.schema_version = schema_version
+        self.on_incompatible = on_incompatible
+        self.value_codec = value_codec
+        self.steal = steal
+        self.renew_every = every
+        self._adopted = lease
+        self._release_on_close = lease is None if release_on_close is None else release_on_close
+        self._heartbeat_on = heartbeat
+        self._lease: Lease | None = None
+        self._ended: Lease | None = None  # the lease held when the session closed
+        self._deadline = 0.0
+        self._lost: str | None = None
+        self._last_error: str | None = None
+        self._state_lock = threading.Lock()
+        self._write_lock = threading.Lock()  # a commit and a cleanup never run at once (the sweep's fencing)
+        self._cleanup: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: The checkpoint this session started from (verified, before migration), or ``None``.
+        self.start: Manifest | None = None
+        #: The checkpoint skipped by ``on_incompatible="restart"`` (pinned) or ``on_code_change="restart"``.
+        self.restarted_from: Manifest | None = None
+        #: The pinned checkpoint this session resumed from (a rollforward after a rollback), or ``None``.
+        self.resumed_pin: Manifest | None = None
+        self._latest: Manifest | None = None
+        self._value: Any = None
+        self._in_doubt: tuple[Manifest, Any] | None = None  # a commit whose outcome was unknown
+        #: Outputs published since the last commit, by name: made visible by the next commit (see publish()).
+        self._staged: dict[str, StagedOutput] = {}
+        self._progress_at = time.monotonic()  # the last commit of this session, or its start
+        self._stuck_reported = False
+
+    def __repr__(self) -> str:
+        return f"WriterSession(identity={self.identity.key!r}, lease={self._lease and self._lease.epoch})"
+
+    # -- what the writer sees ------------------------------------------------------------------------------
+    @property
+    def lease(self) -> Lease:
+        if self._lease is None:
+            raise RuntimeError("the session is not open; call open() or use it as a context manager")
+        return self._lease
+
+    @property
+    def latest(self) -> Manifest | None:
+        """The newest checkpoint this session knows: the one it started from (or migrated), or its last commit."""
+        return self._latest
+
+    @property
+    def value(self) -> Any:
+        """The value of :attr:`latest`, decoded (and migrated); ``None`` when there is none."""
+        return self._value
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known to be taken over, broken, or expired without renewal."""
+        return self._lost is not None or (self._lease is not None and time.monotonic() > self._deadline)
+
+    def ensure_alive(self) -> None:
+        """Raise FencedError if the lease is lost; cheap (no request), called before every upload."""
+        self._check_deadline()
+        if self._lost is not None:
+            raise FencedError(
+                f"cannot commit to identity {self.identity}: this writer lost its lease ({self._lost}). Nothing "
+                "was uploaded; the last committed checkpoint is intact. Stop this writer; a retry resumes from "
+                "that checkpoint."
+            )
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def __enter__(self) -> WriterSession:
+        """Open the session, unless :meth:`open` already did; :meth:`close` runs on the way out."""
+        return self if self._lease is not None else self.open()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def open(self) -> WriterSession:
+        """Take (or adopt) the lease, start renewing it, load the newest checkpoint and apply the upgrade rules."""
+        if self._lease is not None:
+            raise RuntimeError(f"{self!r} is already open")
+        sent = time.monotonic()
+        if self._adopted is not None:
+            # Prove the adopted lease is still ours (and learn its real expiry) before doing any work.
+            self._lease = self.checkpoints.renew(self._adopted)
+        else:
+            self._lease = self.checkpoints.acquire(
+                holder=self.writer,
+                steal=self.steal,
+                expected_interval=self.expected_interval,
+                outcome=self._started_as,
+            )
+        self._progress_at = sent
+        self._deadline = sent + self.checkpoints.lease_ttl
+        try:
+            self._start_heartbeat()
+            self._load()
+        except BaseException as exc:
+            self._end_on_open_error(exc)
+            self.close()
+            raise
+        return self
+
+    def _end_on_open_error(self, exc: BaseException) -> None:
+        """The try fails before its code ran: record it. A checkpoint this code can never read (schema, migration,
+        codec, code change) fails it for good (the operator fails the task without a retry: another try of the
+        same code would fail the same way); anything else is retried if the try could be."""
+        start = self._started_as
+        if start is None or self._ended_as is not None:
+            return
+        permanent = isinstance(exc, (IncompatibleStateError, MigrationError, InvalidValueError))
+        retry = not permanent and start.if_killed == UP_FOR_RETRY
+        self.end(
+            UP_FOR_RETRY if retry else FAILED,
+            retry_in=start.retry_delay if retry else None,
+            reason=type(exc).__name__,
+        )
+
+    def end(self, state: str, *, retry_in: float | None = None, reason: str | None = None) -> None:
+        """Say how this try ended (an Airflow task instance state, :mod:`airflow_stateful.core.records.outcomes`);
+        :meth:`close` records it in the head with the release of the lease, so maintenance knows whether
+        Airflow will run the task again. ``retry_in``: seconds until a retry or reschedule may run."""
+        start = self._started_as or TryOutcome(
+            state=RUNNING,
+            at="",
+            try_number=self.writer.try_number,
+            run_id=self.writer.run_id,
+        )
+        self._ended_as = start.ended(
+            state=state, now=self.checkpoints.clock(), retry_in=retry_in, reason=reason
+        )
+
+    def close(self, *, release: bool | None = None) -> None:
+        """Stop renewing and release the lease (unless told not to; a lost one is left alone). Never raises.
+
+        :param release: ``False`` keeps the lease unrenewed (it expires one ttl later), e.g. for a pod that
+            must still save after its operator was stopped; default: ``release_on_close``.
+        """
+        cleanup, self._cleanup = self._cleanup, None
+        if cleanup is not None:
+            cleanup.join()
+        releasing = self._release_on_close if release is None else release
+        if releasing and self._lease is not None and self._lost is None:
+            self._sweep_quietly()  # before the lease goes: the sweep is fenced by it
+        self._stop_heartbeat()
+        with self._state_lock:
+            lease, self._lease = self._lease, None
+        self._ended = lease or self._ended
+        if lease is None or not releasing:
+            return
+        if self._lost is not None:
+            return  # fenced or expired: someone else's lease now, or nobody's
+        try:
+            self.checkpoints.release(lease, outcome=self._ended_as)
+        except Exception as exc:  # never mask the writer's own outcome; the lease expires by itself
+            log.warning("could not release the lease on %s: %s (it expires by itself)", self.identity, exc)
+
+    def _load(self) -> None:
+        # The head just read or written to take the lease: an inline manifest costs no further request.
+        head = self.checkpoints.heads.cached()
+        latest = self.checkpoints.latest(head=head)
+        if latest is None:
+            log.info("no checkpoint for %s yet: starting fresh", self.identity)
+            return
+        assert head is not None
+        pinned = pin_to_resume(head, schema_version=self.schema_version)
+        if pinned is not None:
+            self._resume_pinned(head, pinned, latest)
+            return
+        value = decode_value(
+            latest.value, latest.value_codec, allowed=self.value_codec, where=f"checkpoint {latest.seq}"
+        )
+        origin = describe_checkpoint(latest)
+        resumed = {"identity": self.identity.key, "seq": latest.seq, "schema_version": latest.schema_version}
+        try:
+            migration_path(latest.schema_version, self.schema_version, self.migrations)
+        except IncompatibleStateError as exc:
+            if self.on_incompatible == "fail":
+                raise IncompatibleStateError(
+                    f"cannot resume from {origin}: {exc} The checkpoint is untouched."
+                ) from exc
+            self.checkpoints.pin(
+                self.lease,
+                latest.seq,
+                reason=f"schema {latest.schema_version} cannot be read by schema-{self.schema_version} code ({exc})",
+                by=f"{self.writer.describe()}, schema {self.schema_version}",
+            )
+            log.warning(
+                "%s is incompatible (%s); on_incompatible='restart': starting fresh. It is pinned: retention keeps "
+                "it, and schema-%d code resumes from it when it runs again.",
+                origin,
+                exc,
+                latest.schema_version,
+            )
+            self.restarted_from = latest
+            return
+        if latest.schema_version == self.schema_version and not self._code_allows(latest, origin):
+            self.restarted_from = latest
+            return
+        self.start = self._latest = latest
+        if latest.schema_version == self.schema_version:
+            self._value = value
+            log.info("resuming from %s", origin)
+            events.emit(events.RESUME, **resumed)
+            return
+        migrated = migrate(value, latest.schema_version, self.schema_version, self.migrations)
+        # Committed before any user code runs, files kept. What the checkpoint's extra records (a resume
+        # position, the pod's image) belongs to its run: carried only within the same run.
+        carried = self._carried_extra(latest)
+        info = self.commit(migrated, extra=carried)
+        events.emit(events.RESUME, **resumed)
+        log.info(
+            "resuming from %s, migrated %d -> %d (committed as checkpoint %d)",
+            origin,
+            latest.schema_version,
+            self.schema_version,
+            info.seq,
+        )
+
+    def _carried_extra(self, source: Manifest) -> dict[str, Any] | None:
+        """What a checkpoint committed on this writer's behalf before its code runs (a migration, a pinned
+        checkpoint's copy) carries over from ``source``'s ``extra``: a resume position or the pod's image belong to
+        ``source``'s run, so only within the same run, and never the mark of an earlier rollback."""
+        if source.writer.run_id != self.writer.run_id:
+            return None
+        return {k: v for k, v in source.extra.items() if k != "rolled_back_from"}
+
+    def _code_allows(self, latest: Manifest, origin: str) -> bool:
+        """Apply ``on_code_change`` to a checkpoint of this schema; False: start fresh instead (``restart``).
+
+        One line says what changed from the checkpoint's code to this try's: the task's code (its fingerprint)
+        decides; the DAG version, bundle version and provider version are said beside it.
+        """
+        if self.code is None or latest.code is None:
+            return True
+        changes = latest.code.changes(self.code)
+        if not changes:
+            return True
+        line = f"{origin} was written by other code: {'; '.join(changes)}"
+        if not latest.code.code_changed(self.code):
+            log.info("%s (the task's own code is unchanged)", line)
+            return True
+        if self.on_code_change == "fail":
+            raise CodeChangedError(
+                f"cannot resume: {line}; on_code_change='fail'. The checkpoint is untouched."
+            )
+        if self.on_code_change == "restart":
+            log.warning("%s; on_code_change='restart': starting fresh, it stays in history", line)
+            return False
+        (log.warning if self.on_code_change == "warn" else log.info)("%s; resuming from it", line)
+        return True
+
+    def _resume_pinned(self, head: HeadRecord, entry: CheckpointEntry, latest: Manifest) -> None:
+        """Resume from a pinned checkpoint this code wrote and older code set aside: commit a copy of it as the
+        newest (files by reference, the value as stored), releasing its pin in the same write."""
+        pinned = self.checkpoints.read_manifest(entry)
+        value = decode_value(
+            pinned.value, pinned.value_codec, allowed=self.value_codec, where=f"checkpoint {pinned.seq}"
+        )
+        carried = self._carried_extra(pinned) or {}
+        copy = self.checkpoints.commit(
+            self.lease,
+            pinned.value,
+            encoded=True,
+            schema_version=pinned.schema_version,
+            writer=self.writer,
+            value_codec=pinned.value_codec,
+            keep_files_from=pinned,
+            previous=pinned,
+            extra={**carried, "resumed_from_pin": pinned.seq},
+            check=self.ensure_alive,
+            code=self.code,
+            unpin=[entry.commit_id],
+        )
+        newer = [e.seq for e in head.checkpoints if e.seq > entry.seq]
+        log.warning(
+            "resuming from pinned %s, which code of schema %d set aside (checkpoint %d is its newest; %s "
+            "stay in history); committed its copy as checkpoint %d and released the pin",
+            describe_checkpoint(pinned),
+            latest.schema_version,
+            latest.seq,
+            f"checkpoints {newer[0]}-{newer[-1]}" if len(newer) > 1 else f"checkpoint {newer[0]}",
+            copy.seq,
+        )
+        events.emit(
+            events.RESUME, identity=self.identity.key, seq=pinned.seq, schema_version=pinned.schema_version
+        )
+        self.start, self.resumed_pin = pinned, pinned
+        self._latest, self._value = copy, value
+
+    # -- writing --------------------------------------------------------------------------------------------
+    def commit(
+        self,
+        value: Any,
+        *,
+        files: str | Path | None = None,
+        extra: dict[str, Any] | None = None,
+        keep_files: bool = True,
+        exclude: Collection[str] = (),
+        follow_symlinks: bool = False,
+    ) -> Manifest:
+        """Commit ``value`` (and the file or directory ``files``) as the identity's newest checkpoint.
+
+        With ``files=None`` and ``keep_files`` the checkpoint keeps the files of :attr:`latest` by reference.
+        Symbolic links below ``files`` are refused unless ``follow_symlinks`` (never outside ``files``).
+        Raises FencedError at once, before any upload, when the session has lost its lease. On any error
+        nothing this session knows changes (:attr:`latest`, :attr:`value`), and neither does the store.
+        """
+        if self._lease is None and self._ended is not None:
+            raise self._ended_error(self._ended)
+        self.ensure_alive()
+        sent = time.monotonic()
+        try:
+            with self._write_lock:
+                self._settle_in_doubt()
+                manifest = self._commit(
+                    value,
+                    files=files,
+                    extra=extra,
+                    keep_files=keep_files,
+                    exclude=exclude,
+                    follow_symlinks=follow_symlinks,
+                )
+        except FencedError as exc:
+            if self._lost is None:
+                self._mark_lost(str(exc))
+            raise
+        except CommitOutcomeUnknownError as exc:
+            if isinstance(exc.manifest, Manifest):
+                self._in_doubt = (exc.manifest, value)
+            events.emit(events.COMMIT_FAILED, identity=self.identity.key, error=type(exc).__name__)
+            raise
+        except Exception as exc:
+            events.emit(events.COMMIT_FAILED, identity=self.identity.key, error=type(exc).__name__)
+            raise
+        self._latest, self._value = manifest, value
+        self._progress_at, self._stuck_reported = time.monotonic(), False
+        self._confirmed(sent)
+        if self.checkpoints.cleanup_due >= CLEANUP_AFTER:
+            self._start_cleanup()
+        return manifest
+
+    def _settle_in_doubt(self) -> None:
+        """After a commit whose outcome was unknown, read the head: if it landed, it is this session's newest
+        checkpoint (and value) from now on, exactly as if its answer had arrived."""
+        if self._in_doubt is None:
+            return
+        manifest, value = self._in_doubt
+        head = self.checkpoints.head()
+        if head is not None and any(e.commit_id == manifest.commit_id for e in head.checkpoints):
+            log.warning("%s: checkpoint %d did land; going on from it", self.identity, manifest.seq)
+            self._latest, self._value = manifest, value
+            self._staged = {n: o for n, o in self._staged.items() if manifest.outputs.get(n) is None}
+        self._in_doubt = None
+
+    def _commit(
+        self,
+        value: Any,
+        *,
+        files: str | Path | None,
+        extra: dict[str, Any] | None,
+        keep_files: bool,
+        exclude: Collection[str],
+        follow_symlinks: bool,
+    ) -> Manifest:
+        staged = dict(self._staged)
+        manifest: Manifest = self.checkpoints.commit(
+            self.lease,
+            value,
+            files=files,
+            schema_version=self.schema_version,
+            writer=self.writer,
+            extra=extra,
+            value_codec=self.value_codec,
+            keep_files_from=self._latest if files is None and keep_files else None,
+            previous=self._latest,
+            exclude=exclude,
+            follow_symlinks=follow_symlinks,
+            check=self.ensure_alive,
+            outputs=staged,
+            code=self.code,
+        )
+        for name, output in staged.items():  # committed: no longer staged (unless published again meanwhile)
+            if self._staged.get(name) is output:
+                del self._staged[name]
+        return manifest
+
+    # -- outputs --------------------------------------------------------------------------------------------
+    def publish(self, name: str, path: str | Path, *, follow_symlinks: bool = False) -> StagedOutput:
+        """Stage the file or directory ``path`` as output ``name``; the next :meth:`commit` makes it visible.
+
+        Its bytes are uploaded now (chunks the identity already holds are not), so the commit that publishes it
+        stays cheap, and so that what is published is the content at this call. Until that commit nobody sees
+        it; if this writer dies or is fenced first, the upload is garbage that GC collects and the retry
+        publishes again. Publishing a name again before the commit replaces the staged one; after it, the next
+        commit replaces the committed one. Raises FencedError, uploading nothing, once the lease is lost.
+        """
+        self.ensure_alive()
+        with self._write_lock:
+            staged = self.checkpoints.stage_output(
+                self.lease,
+                name,
+                path,
+                known=self._known_chunks(),
+                follow_symlinks=follow_symlinks,
+                check=self.ensure_alive,
+            )
+            self._staged[name] = staged
+        return staged
+
+    @property
+    def staged_outputs(self) -> dict[str, StagedOutput]:
+        """Outputs published since the last commit (visible only once the next commit lands)."""
+        return dict(self._staged)
+
+    def _known_chunks(self) -> dict[str, ChunkRef]:
+        """Chunks this writer may reference without uploading: its newest checkpoint's files and outputs, and
+        the outputs it staged. Best effort: a tree that cannot be read only means uploading again."""
+        known: dict[str, ChunkRef] = {}
+        latest = self._latest
+        refs = [latest.tree, latest.outputs_tree] if latest is not None else []
+        for ref in refs:
+            if ref is None:
+                continue
+            try:
+                tree = self.checkpoints._tree_of_ref(ref)
+            except Exception as exc:
+                log.warning("%s: not deduplicating against tree %s: %s", self.identity, ref.key, exc)
+                continue
+            known.update({c.sha256: c for f in tree.files for c in f.chunks})
+        for staged in self._staged.values():
+            known.update({c.sha256: c for f in staged.files for c in f.chunks})
+        return known
+
+    def _staged_keys(self) -> set[str]:
+        return {c.key for staged in self._staged.values() for f in staged.files for c in f.chunks}
+
+    def _start_cleanup(self) -> None:
+        """Delete what retention dropped, in the background, one cleanup at a time (commits wait for it)."""
+        if self._cleanup is not None and self._cleanup.is_alive():
+            return
+        self._cleanup = threading.Thread(
+            target=self._sweep_quietly, name=f"stateful-cleanup-{self.identity.key[:40]}", daemon=True
+        )
+        self._cleanup.start()
+
+    def _sweep_quietly(self) -> None:
+        lease = self._lease
+        if lease is None or self._lost is not None:
+            return
+        try:
+            with self._write_lock:
+                self.checkpoints.sweep(lease, keep=self._staged_keys())
+        except Exception as exc:  # the objects stay until the next sweep or GC; never fail the writer for it
+            log.warning("could not delete the objects of dropped checkpoints of %s: %s", self.identity, exc)
+
+    def purge(self) -> int:
+        """Delete the identity's state entirely, fenced like a commit, and end the session.
+
+        The heartbeat stops first, so it never reports the vanished head as a lost lease. Returns the number of
+        objects deleted.
+        """
+        self.ensure_alive()
+        cleanup, self._cleanup = self._cleanup, None
+        if cleanup is not None:
+            cleanup.join()
+        self._stop_heartbeat()
+        with self._write_lock:
+            deleted = self.checkpoints.purge(self.lease)
+        self._ended, self._lease = self._lease, None
+        return deleted
+
+    def _ended_error(self, lease: Lease) -> FencedError:
+        """Why a session that already ended (its try is over) may not commit: the head says who owns it now."""
+        try:
+            check_holder(self.checkpoints.head(), lease, action="commit to")
+        except FencedError as exc:
+            return exc
+        return FencedError(
+            f"cannot commit to identity {self.identity}: this writer's session has ended (its lease at epoch "
+            f"{lease.epoch} was given up). Nothing was uploaded; stop this writer."
+        )
+
+    def restore_files(
+        self,
+        dest: str | Path,
+        manifest: Manifest | None = None,
+        *,
+        mode: str = EXACT,
+        cache: ChunkCache | None = None,
+    ) -> RestoreResult:
+        """Restore the files of ``manifest`` (default :attr:`latest`) into ``dest``; what it did, also logged.
+
+        ``mode`` defaults to ``"exact"``: the task owns the directory it saves and restores, so a retry sees
+        exactly the checkpoint's files, never the part files a killed try left beside them (see
+        :meth:`CheckpointStore.restore_files` for ``"merge"`` and ``"empty"``). With no checkpoint yet, or one
+        without files, ``dest`` is left as it is and the result is false."""
+        mode = check_mode(mode)
+        manifest = manifest or self._latest
+        if manifest is None:
+            result = RestoreResult(dest=Path(dest), mode=mode, seq=None, untouched=True)
+        else:
+            result = self.checkpoints.restore_files(manifest, dest, mode=mode, cache=cache)
+        log.info("%s", result.describe())
+        return result
+
+    # -- the heartbeat --------------------------------------------------------------------------------------
+    def _confirmed(self, sent: float) -> None:
+        """A renewal (or commit) sent at monotonic time ``sent`` landed: the lease lives until ``sent + ttl``."""
+        with self._state_lock:
+            self._deadline = max(self._deadline, sent + self.checkpoints.lease_ttl)
+            self._last_error = None
+
+    def _check_deadline(self) -> None:
+        if self._lost is None and self._lease is not None and time.monotonic() > self._deadline:
+            reason = self._last_error or "no renewal succeeded"
+            self._mark_lost(
+                f"the lease on {self.identity} was not renewed within its ttl of {self.checkpoints.lease_ttl:g} s "
+                f"({reason}); another writer or maintenance may take it over now"
+            )
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._state_lock:
+            if self._lost is not None:
+                return
+            self._lost = reason
+        log.error(
+            "LEASE LOST on %s: %s%s The next save of this writer will fail.",
+            self.identity,
+            reason,
+            "" if reason.endswith(".") else ".",
+        )
+        events.emit(events.FENCED, identity=self.identity.key, epoch=self._lease_epoch(), action="renew")
+
+    def _lease_epoch(self) -> int:
+        lease = self._lease or self._adopted
+        return lease.epoch if lease else 0
+
+    def _stop_heartbeat(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            # A renewal in flight finishes within the store client's timeouts; the thread is a daemon anyway.
+            thread.join(timeout=min(self.checkpoints.lease_ttl, 30.0))
+
+    def _start_heartbeat(self) -> None:
+        if not self._heartbeat_on:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._beat, name=f"stateful-lease-{self.identity.key[:40]}", daemon=True
+        )
+        self._thread.start()
+
+    def _beat(self) -> None:
+        wait = self.renew_every * random.uniform(0.8, 1.0)
+        while not self._stop.wait(wait):
+            lease = self._lease
+            if lease is None or self._lost is not None:
+                return
+            sent = time.monotonic()
+            try:
+                renewed = self.checkpoints.renew(lease)
+            except FencedError as exc:
+                if not self._stop.is_set():  # not a release or purge that overtook this renewal
+                    self._mark_lost(str(exc))
+                return
+            except Exception as exc:  # unreachable store, throttling, ...: retry until the deadline
+                left = self._deadline - time.monotonic()
+                self._last_error = f"last renewal error: {type(exc).__name__}: {exc}"
+                if left <= 0:
+                    self._check_deadline()
+                    return
+                wait = min(self.renew_every, max(0.2, left / 4))
+                log.warning(
+                    "could not renew the lease on %s (%s); retrying in %.1f s, it expires in %.0f s",
+                    self.identity,
+                    self._last_error,
+                    wait,
+                    left,
+                )
+                continue
+            with self._state_lock:
+                if self._stop.is_set():
+                    return  # closed meanwhile (a renewal slower than the join): do not reopen the session
+                self._lease = renewed
+            self._confirmed(sent)
+            self._report_progress()
+            wait = self.renew_every * random.uniform(0.8, 1.0)
+
+    def _report_progress(self) -> None:
+        """After a renewal: how long since this writer last committed, and whether that makes it stuck.
+
+        Alive (the renewal just landed) but past its expected interval is *stuck*; the first time it is, say so
+        in the task log, with what to do (see :mod:`airflow_stateful.core.fleet.status`)."""
+        expected = self.expected_interval or EXPECTED_CHECKPOINT_INTERVAL.total_seconds()
+        since = time.monotonic() - self._progress_at
+        stuck = since > expected
+        events.emit(
+            events.PROGRESS,
+            identity=self.identity.key,
+            since_progress=round(since, 3),
+            expected_interval=expected,
+            stuck=int(stuck),
+        )
+        if stuck and not self._stuck_reported:
+            self._stuck_reported = True
+            log.warning(
+                "STUCK? %s: no checkpoint committed for %.0f s, longer than the expected %.0f s "
+                "(expected_checkpoint_interval). The lease is still renewed, so nothing else will notice: check "
+                "what this task is waiting for.",
+                self.identity,
+                since,
+                expected,
+            )

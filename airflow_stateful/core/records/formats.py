@@ -1,0 +1,67 @@
+"""Format versions, limits and object names: what every record of the commit protocol agrees on.
+
+Records carry ``format`` (this library's on-disk format version, docs/formats.md). A reader refuses a newer
+format with a clear error instead of guessing, so an old worker never misreads state written by new code.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from airflow_stateful.core.errors import CheckpointCorruptError, FormatVersionError
+
+FORMAT_VERSION = 4
+"""The newest format this library reads and writes (docs/formats.md). 2: content-addressed trees and chunks,
+inline manifests. 3: published outputs (an outputs tree every kept checkpoint references). 4: pinned checkpoints
+(a head that lists a checkpoint retention must never evict). A record is written in the lowest format that can
+hold it, so a writer that never publishes or pins stays readable by the releases that read 2; a release that
+reads less refuses a newer record instead of collecting objects it cannot see are referenced, or dropping a pin
+when it rewrites the head."""
+PLAIN_FORMAT = 2
+"""The format of a head or manifest without outputs or pins."""
+OUTPUTS_FORMAT = 3
+"""The format of a head or manifest that carries outputs (and of a head with outputs but no pins)."""
+PINS_FORMAT = 4
+"""The format of a head that lists a pinned checkpoint."""
+MAX_PINS = 10
+"""Most pinned checkpoints one head keeps; pinning another releases the oldest pin (with a warning)."""
+
+MAX_HEAD_BYTES = 2 * 1024 * 1024
+"""A head record larger than this is refused unread (a thousand kept checkpoints take about 1.2 MiB)."""
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+"""Largest manifest a head may point at; a reader also never reads more than the size the head recorded."""
+MAX_KEPT = 1000
+"""Most checkpoints one head may list (``keep_last`` is capped at this)."""
+MAX_EXPECTED_INTERVAL = 366 * 86400.0
+"""Longest ``expected_checkpoint_interval`` a lease may declare (a year, in seconds)."""
+
+CODEC_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,15}$")
+
+HEAD_NAME = "~head.json"
+MANIFEST_DIR = "~manifests"
+DATA_DIR = "~data"
+# `~` cannot occur in an identity segment, so these names can never collide with a nested identity.
+
+
+def data_commit_of(key: str) -> str:
+    """The commit id in a data object key ``<identity>/~data/<commit_id>/<n>``."""
+    return key.split(f"/{DATA_DIR}/", 1)[1].split("/", 1)[0]
+
+
+def check_format(record: dict[str, Any], *, what: str) -> None:
+    fmt = record.get("format")
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
+        raise CheckpointCorruptError(
+            f"{what} has no valid 'format' field; it was not written by this library."
+        )
+    if fmt > FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{what} uses format {fmt}, newer than the {FORMAT_VERSION} this version of "
+            "airflow-provider-stateful reads. Upgrade airflow-provider-stateful on this worker."
+        )
+
+
+def manifest_key(identity: str, seq: int, commit_id: str) -> str:
+    """Where checkpoint ``seq`` (commit ``commit_id``) of ``identity`` keeps its manifest."""
+    return f"{identity}/{MANIFEST_DIR}/{seq:012d}-{commit_id}.json"

@@ -1,0 +1,175 @@
+"""The manifest: one immutable record per checkpoint (value, metadata and the tree of its files)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_stateful.core.errors import CheckpointCorruptError
+from airflow_stateful.core.records.canonical import canonical_json
+from airflow_stateful.core.records.code_identity import CodeIdentity
+from airflow_stateful.core.records.fields import Fields
+from airflow_stateful.core.records.formats import (
+    CODEC_NAME,
+    DATA_DIR,
+    MANIFEST_DIR,
+    PLAIN_FORMAT,
+    check_format,
+)
+from airflow_stateful.core.records.outputs import OutputRecord, outputs_from_json
+from airflow_stateful.core.records.trees import MAX_FILES, MAX_PATH, TreeRef
+from airflow_stateful.core.records.writer import WriterInfo
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a checkpoint: its path relative to the saved directory and its immutable object."""
+
+    path: str
+    key: str
+    size: int
+    sha256: str
+
+    @classmethod
+    def from_json(cls, data: Any, *, identity: str, what: str = "file entry") -> FileEntry:
+        """Typed; ``key`` must be a data object of ``identity`` (``<identity>/~data/<commit_id>/<n>``)."""
+        f = Fields(data, what=what)
+        key = f.text("key", max_len=2048)
+        if not re.fullmatch(re.escape(f"{identity}/{DATA_DIR}/") + r"[0-9a-f]{32}/(0|[1-9][0-9]{0,6})", key):
+            raise CheckpointCorruptError(
+                f"{what}: key {key[:200]!r} is not a data object of identity {identity!r}; a checkpoint may only "
+                "name its own identity's data"
+            )
+        return cls(
+            path=f.text("path", max_len=MAX_PATH),
+            key=key,
+            size=f.integer("size"),
+            sha256=f.sha256("sha256"),
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything about one checkpoint except the file bytes. Immutable once written.
+
+    Its files are either a content-addressed ``tree`` (format 2: read with
+    :meth:`~airflow_stateful.core.protocol.checkpoint_store.CheckpointStore.tree`) or, in checkpoints written by format 1
+    (or keeping such a checkpoint's files), the list ``files`` of whole-file data objects.
+    """
+
+    identity: str
+    seq: int
+    commit_id: str
+    epoch: int
+    schema_version: int
+    created_at: str
+    writer: WriterInfo
+    value: Any
+    files: tuple[FileEntry, ...] = ()
+    value_codec: str = "json"
+    library_version: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    format: int = PLAIN_FORMAT
+    tree: TreeRef | None = None
+    #: Outputs committed so far (:mod:`airflow_stateful.core.records.outputs`), by name; their files are in ``outputs_tree``.
+    outputs: dict[str, OutputRecord] = field(default_factory=dict)
+    outputs_tree: TreeRef | None = None
+    #: What code wrote it (:mod:`airflow_stateful.core.records.code_identity`); ``None`` when it was not recorded.
+    code: CodeIdentity | None = None
+
+    @property
+    def total_size(self) -> int:
+        return self.tree.total_size if self.tree else sum(f.size for f in self.files)
+
+    @property
+    def file_count(self) -> int:
+        return self.tree.file_count if self.tree else len(self.files)
+
+    @property
+    def has_files(self) -> bool:
+        return self.file_count > 0
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "format": self.format,
+            "library_version": self.library_version,
+            "identity": self.identity,
+            "seq": self.seq,
+            "commit_id": self.commit_id,
+            "epoch": self.epoch,
+            "schema_version": self.schema_version,
+            "created_at": self.created_at,
+            "writer": self.writer.to_json(),
+            "value_codec": self.value_codec,
+            "value": self.value,
+            "files": [asdict(f) for f in self.files],
+            "total_size": self.total_size,
+            "extra": self.extra,
+        }
+        if self.tree is not None:
+            body["tree"] = self.tree.to_json()
+        if self.outputs_tree is not None:
+            body["outputs_tree"] = self.outputs_tree.to_json()
+            body["outputs"] = {name: record.to_json() for name, record in sorted(self.outputs.items())}
+        if self.code is not None:
+            body["code"] = self.code.to_json()
+        return body
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.to_json()) + b"\n"
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, key: str) -> Manifest:
+        """Parse a manifest read from ``key`` (``<identity>/~manifests/<seq>-<commit_id>.json``)."""
+        what = f"manifest {key!r}"
+        try:
+            body = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise CheckpointCorruptError(f"{what} is not valid JSON ({exc}).") from exc
+        return cls.from_json(body, identity=key.split(f"/{MANIFEST_DIR}/", 1)[0], what=what)
+
+    @classmethod
+    def from_json(cls, body: Any, *, identity: str, what: str) -> Manifest:
+        """Every field typed; its files (a tree, or format-1 data objects) must be objects of ``identity``."""
+        if not isinstance(body, dict):
+            raise CheckpointCorruptError(f"{what} is not a JSON object")
+        check_format(body, what=what)
+        f = Fields(body, what=what)
+        f.equal("identity", identity)
+        files = f.items("files", max_items=MAX_FILES, default=[])
+        tree = f.optional_mapping("tree")
+        outputs_tree = f.optional_mapping("outputs_tree")
+        code = f.optional_mapping("code")
+        outputs = outputs_from_json(f.mapping("outputs", default={}), what=what)
+        if bool(outputs) != (outputs_tree is not None):
+            raise CheckpointCorruptError(
+                f"{what}: 'outputs' and 'outputs_tree' must be both present or both absent"
+            )
+        return cls(
+            identity=identity,
+            seq=f.integer("seq", minimum=1),
+            commit_id=f.hex32("commit_id"),
+            epoch=f.integer("epoch"),
+            schema_version=f.integer("schema_version", minimum=1),
+            created_at=f.time("created_at"),
+            writer=WriterInfo.from_json(f.optional_mapping("writer"), what=f"{what} writer"),
+            value=body.get("value"),
+            files=tuple(
+                FileEntry.from_json(entry, identity=identity, what=f"{what} file {n}")
+                for n, entry in enumerate(files)
+            ),
+            value_codec=f.text("value_codec", max_len=16, default="json", pattern=CODEC_NAME),
+            library_version=f.text("library_version", max_len=64, default=""),
+            extra=f.mapping("extra", default={}),
+            format=f.integer("format", minimum=1),
+            tree=TreeRef.from_json(tree, identity=identity, what=f"{what} tree")
+            if tree is not None
+            else None,
+            outputs=outputs,
+            outputs_tree=TreeRef.from_json(outputs_tree, identity=identity, what=f"{what} outputs tree")
+            if outputs_tree is not None
+            else None,
+            code=CodeIdentity.from_json(code, what=f"{what} code") if code is not None else None,
+        )
