@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 pytestmark = pytest.mark.skipif(
-    not LINT_IMPORTS.exists(), reason=f"import-linter is not installed beside {sys.executable} (the dev extra)"
+    not LINT_IMPORTS.exists(),
+    reason=f"import-linter is not installed beside {sys.executable} (the dev extra)",
 )
 
 
@@ -35,7 +36,9 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
 def _copy_with(tmp_path: Path, module: str, line: str) -> Path:
     """A copy of the package (and pyproject.toml) with ``line`` appended to ``module`` (a path under the root)."""
     root = tmp_path / "tree"
-    shutil.copytree(REPO / "airflow_stateful", root / "airflow_stateful", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "airflow_stateful", root / "airflow_stateful", ignore=shutil.ignore_patterns("__pycache__")
+    )
     shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
     target = root / module
     target.write_text(target.read_text() + f"\n{line}\n")
@@ -89,7 +92,9 @@ def test_the_tree_keeps_every_import_contract() -> None:
         ),
     ],
 )
-def test_a_wrong_import_breaks_the_contract_it_violates(tmp_path: Path, module: str, line: str, contract: str) -> None:
+def test_a_wrong_import_breaks_the_contract_it_violates(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
     done = _lint(_copy_with(tmp_path, module, line))
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
     assert "Broken contracts" in done.stdout, done.stdout[-4000:]

@@ -189,7 +189,7 @@ def leftover_objects(clean: S3ObjectStore, identity: Identity) -> list[str]:
     cs = CheckpointStore(store=clean, identity=identity)
     head = cs.head()
     infos = list(clean.list_objects(f"{identity.key}/"))
-    refs = references(head, trees=cs._tree_of_ref)
+    refs = references(head, trees=cs.content.tree_of)
     return sorted(info.key for info in unreferenced(identity.key, infos, head, refs=refs))
 
 

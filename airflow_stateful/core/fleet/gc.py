@@ -299,7 +299,7 @@ def _plan_identity(
 def _references(cs: CheckpointStore, head: HeadRecord, notes: list[str]) -> References:
     """What ``head``'s kept checkpoints need, their trees read; if a tree cannot be read, chunks are left alone."""
     try:
-        return references(head, trees=cs._tree_of_ref)
+        return references(head, trees=cs.content.tree_of)
     except StatefulError as exc:
         notes.append(f"its chunks are left alone: {exc}")
         return references(head)

@@ -593,7 +593,7 @@ class WriterSession:
             if ref is None:
                 continue
             try:
-                tree = self.checkpoints._tree_of_ref(ref)
+                tree = self.checkpoints.content.tree_of(ref)
             except Exception as exc:
                 log.warning("%s: not deduplicating against tree %s: %s", self.identity, ref.key, exc)
                 continue
