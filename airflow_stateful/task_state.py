@@ -58,7 +58,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
-from airflow_stateful.core.data.chunk_cache import CacheStats, LocalChunkCache
+from airflow_stateful.core.data.chunk_cache import LocalChunkCache
 from airflow_stateful.core.data.restore_modes import RestoreResult
 from airflow_stateful.core.data.snapshot import FileSnapshot, snapshot_files, snapshot_value
 from airflow_stateful.core.data.transfer_progress import human_bytes
@@ -197,20 +197,6 @@ class PendingSave:
             self._done.set()
 
 
-def _log_cache_use(cache: LocalChunkCache, before: CacheStats, manifest: Manifest) -> None:
-    """One line telling whether the restore cache saved the download (so a user can see it work)."""
-    after = cache.stats
-    log.info(
-        "restored checkpoint %d: %s of %s from the restore cache %s (%d chunk(s)), %d chunk(s) downloaded",
-        manifest.seq,
-        human_bytes(after.hit_bytes - before.hit_bytes),
-        human_bytes(manifest.total_size),
-        cache.directory,
-        after.hits - before.hits,
-        after.misses - before.misses,
-    )
-
-
 class TaskState:
     """The state of one stateful task instance, shared by all its tries.
 
@@ -235,9 +221,8 @@ class TaskState:
         restore_cache: LocalChunkCache | None = None,
     ) -> None:
         self._session = session
-        self._restore_cache = restore_cache
         if restore_cache is not None:
-            session.checkpoints.chunk_cache = restore_cache  # uploads fill it from memory
+            session.use_restore_cache(restore_cache)  # saves fill it, restores read it first
         self._value = session.value
         # What the task sees of the store, changed only in the task's own calls (never by the background save).
         self._latest: Manifest | None = session.latest
@@ -479,8 +464,6 @@ class TaskState:
                 files=snapshot.path if snapshot else None,
                 extra={CURSORS: cursors_to_json(cursors)} if cursors else None,
             )
-            if snapshot is not None:
-                self._remember_files(manifest, snapshot.path)  # before the snapshot is discarded
             return manifest
 
         try:
@@ -509,24 +492,7 @@ class TaskState:
             follow_symlinks=follow_symlinks,
         )
         self._value, self._latest = value, manifest
-        if files is not None:
-            self._remember_files(manifest, files)
         return CheckpointInfo.of(manifest)
-
-    def _remember_files(self, manifest: Manifest, source: str | os.PathLike[str]) -> None:
-        """Keep the chunks just committed in the restore cache (what a retry on this worker restores first).
-
-        Best effort: the checkpoint is committed whatever happens here, so nothing here may raise.
-        """
-        cache = self._restore_cache
-        if cache is None or not manifest.has_files:
-            return
-        try:
-            tree = self._session.checkpoints.tree(manifest)  # the tree the commit just wrote: no request
-            if tree is not None:
-                cache.remember_files(tree, source)
-        except Exception as exc:
-            log.warning("restore cache not filled after checkpoint %d: %s", manifest.seq, exc)
 
     def _commit_value(self, cursors: dict[str, Cursor]) -> CheckpointInfo:
         """Commit :attr:`value` as it is once a background save in flight has been waited for (it may set it)."""
@@ -551,13 +517,7 @@ class TaskState:
         found in the worker's restore cache (verified against the checkpoint's SHA-256) are not downloaded.
         """
         self.wait_for_save()
-        latest, cache = self._latest, self._restore_cache
-        if cache is None or latest is None or not latest.has_files:
-            return self._session.restore_files(dest, latest, mode=mode)
-        before = cache.stats
-        restored = self._session.restore_files(dest, latest, mode=mode, cache=cache)
-        _log_cache_use(cache, before, latest)
-        return restored
+        return self._session.restore_files(dest, self._latest, mode=mode)
 
     def resume(
         self,

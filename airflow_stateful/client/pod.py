@@ -32,9 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 from airflow_stateful.client.settings import VALUE_FILE, PodSettings
-from airflow_stateful.core.data.chunk_cache import CacheStats, LocalChunkCache
 from airflow_stateful.core.data.restore_modes import EXACT
-from airflow_stateful.core.data.transfer_progress import human_bytes
 from airflow_stateful.core.errors import FencedError
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.protocol.session import WriterSession
@@ -75,7 +73,6 @@ def pod_session(settings: PodSettings, *, heartbeat: bool) -> Iterator[WriterSes
         store=store, identity=settings.identity, keep_last=settings.keep_last, lease_ttl=settings.lease_ttl
     )
     cache = settings.restore_cache()
-    checkpoints.chunk_cache = cache  # restores read it first; the chunks a save uploads are kept in it
     session = WriterSession(
         checkpoints=checkpoints,
         writer=writer_from_env(),
@@ -83,6 +80,9 @@ def pod_session(settings: PodSettings, *, heartbeat: bool) -> Iterator[WriterSes
         lease=settings.lease(),
         heartbeat=heartbeat,
     )
+    session.use_restore_cache(
+        cache, runner="this pod"
+    )  # restores read it first; what a save commits is kept in it
     try:
         with session:
             yield session
@@ -90,37 +90,6 @@ def pod_session(settings: PodSettings, *, heartbeat: bool) -> Iterator[WriterSes
         if cache is not None:
             cache.close()
         store.close()
-
-
-def _cache_of(session: WriterSession) -> LocalChunkCache | None:
-    cache = session.checkpoints.chunk_cache
-    return cache if isinstance(cache, LocalChunkCache) else None
-
-
-def _log_cache_use(cache: LocalChunkCache, before: CacheStats, manifest: Manifest, here: WriterInfo) -> None:
-    """One line telling whether the restore was warm (worded as the workers' restore cache says it)."""
-    after = cache.stats
-    hits, misses = after.hits - before.hits, after.misses - before.misses
-    if not cache.usable:
-        log.info(
-            "restored checkpoint %d without the restore cache %s (not usable)", manifest.seq, cache.directory
-        )
-        return
-    state = "warm" if hits and not misses else "partly warm" if hits else "cold"
-    written = manifest.writer.node
-    log.info(
-        "restored checkpoint %d: %s of %s from the restore cache %s (%d chunk(s)), %d chunk(s) downloaded "
-        "(%s; written on node %s, this pod runs on node %s)",
-        manifest.seq,
-        human_bytes(after.hit_bytes - before.hit_bytes),
-        human_bytes(manifest.total_size),
-        cache.directory,
-        hits,
-        misses,
-        state,
-        written or "unknown",
-        here.node or "unknown",
-    )
 
 
 def restore(session: WriterSession, directory: Path, *, mode: str = EXACT) -> Manifest | None:
@@ -132,14 +101,10 @@ def restore(session: WriterSession, directory: Path, *, mode: str = EXACT) -> Ma
     The result's line is logged (also "no checkpoint yet", when ``directory`` is left as it was)."""
     latest = session.latest
     directory.mkdir(parents=True, exist_ok=True)
-    cache = _cache_of(session) if latest is not None and latest.has_files else None
-    before = cache.stats if cache is not None else None
-    result = session.restore_files(directory, mode=mode, cache=cache)
+    result = session.restore_files(directory, mode=mode)
     if latest is None:
         log.info("no checkpoint for %s: starting fresh", session.identity)
         return None
-    if cache is not None and before is not None:
-        _log_cache_use(cache, before, latest, session.writer)
     (directory / VALUE_FILE).write_text(json.dumps(session.value))
     log.info(
         "restored checkpoint %d of %s (written by %s at %s): %d file(s)%s",
@@ -160,22 +125,7 @@ def save(session: WriterSession, directory: Path) -> Manifest:
     extra = {"image": os.environ["STATEFUL_IMAGE"]} if os.environ.get("STATEFUL_IMAGE") else None
     manifest = session.commit(value, files=directory, exclude=(VALUE_FILE,), extra=extra, keep_files=False)
     log.info("saved checkpoint %d of %s (%d file(s))", manifest.seq, session.identity, manifest.file_count)
-    _remember_files(session, manifest, directory)
     return manifest
-
-
-def _remember_files(session: WriterSession, manifest: Manifest, directory: Path) -> None:
-    """Keep the saved chunks the upload did not (those the previous checkpoint already held) in the node's
-    restore cache, so the next pod on this node restores them locally. Never fails the save."""
-    cache = _cache_of(session)
-    if cache is None or not manifest.has_files:
-        return
-    try:
-        tree = session.checkpoints.tree(manifest)  # the tree the commit just wrote: no request
-        if tree is not None:
-            cache.remember_files(tree, directory)
-    except Exception as exc:
-        log.warning("restore cache not filled after checkpoint %d: %s", manifest.seq, exc)
 
 
 def _periodic_save(session: WriterSession, directory: Path) -> None:

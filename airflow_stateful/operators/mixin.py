@@ -17,7 +17,8 @@ from typing import Any
 from airflow_stateful.compat import AirflowFailException, AirflowRescheduleException
 from airflow_stateful.core.errors import IncompatibleStateError, InvalidValueError, MigrationError
 from airflow_stateful.core.protocol.migrations import validate_schema
-from airflow_stateful.core.protocol.session import ON_INCOMPATIBLE, WriterSession
+from airflow_stateful.core.protocol.session import WriterSession
+from airflow_stateful.core.protocol.upgrades import ON_INCOMPATIBLE
 from airflow_stateful.core.records.code_identity import ON_CODE_CHANGE, fingerprint_callable
 from airflow_stateful.core.records.codecs import CODECS, JSON
 from airflow_stateful.core.records.formats import MAX_KEPT

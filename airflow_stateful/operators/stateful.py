@@ -37,7 +37,8 @@ from airflow_stateful.compat import AirflowFailException
 from airflow_stateful.core.data.chunk_cache import LocalChunkCache, restore_cache_for
 from airflow_stateful.core.data.placement import warmth
 from airflow_stateful.core.errors import CursorMismatchError, InvalidValueError, StopRequested
-from airflow_stateful.core.protocol.session import WriterSession, describe_checkpoint
+from airflow_stateful.core.protocol.session import WriterSession
+from airflow_stateful.core.protocol.upgrades import describe_checkpoint
 from airflow_stateful.operators.mixin import STATEFUL_TEMPLATE_FIELDS, StatefulMixin, check_choice
 from airflow_stateful.task_state import TaskState
 

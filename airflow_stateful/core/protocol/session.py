@@ -24,7 +24,6 @@ ttl, which is never later than the expiry the store records. See docs/adr/0003-l
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -33,10 +32,11 @@ from types import TracebackType
 from typing import Any
 
 from airflow_stateful.core import events
+from airflow_stateful.core.data.cache_use import describe_use, remember_saved
+from airflow_stateful.core.data.chunk_cache import LocalChunkCache
 from airflow_stateful.core.data.restore import ChunkCache
 from airflow_stateful.core.data.restore_modes import EXACT, RestoreResult, check_mode
 from airflow_stateful.core.errors import (
-    CodeChangedError,
     CommitOutcomeUnknownError,
     FencedError,
     IncompatibleStateError,
@@ -45,37 +45,28 @@ from airflow_stateful.core.errors import (
 )
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.protocol.lease import Lease, check_holder
-from airflow_stateful.core.protocol.migrations import migrate, migration_path, validate_schema
+from airflow_stateful.core.protocol.lease_keeper import LeaseKeeper
+from airflow_stateful.core.protocol.migrations import validate_schema
+from airflow_stateful.core.protocol.upgrades import (
+    ON_INCOMPATIBLE,
+    UpgradeRules,
+    describe_checkpoint,
+    find_start,
+)
 from airflow_stateful.core.records.code_identity import ON_CODE_CHANGE, CodeIdentity
-from airflow_stateful.core.records.codecs import JSON, check_codec, decode_value
+from airflow_stateful.core.records.codecs import JSON, check_codec
 from airflow_stateful.core.records.formats import MAX_EXPECTED_INTERVAL
-from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
 from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.records.outcomes import FAILED, RUNNING, UP_FOR_RETRY, TryOutcome
 from airflow_stateful.core.records.outputs import StagedOutput
-from airflow_stateful.core.records.pins import pin_to_resume
 from airflow_stateful.core.records.trees import ChunkRef
 from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL, RENEW_FRACTION
 
 log = logging.getLogger("airflow_stateful")
 
-ON_INCOMPATIBLE = ("fail", "restart")
 CLEANUP_AFTER = 4
 """Dropped checkpoints with objects of their own after which a session deletes them (in the background)."""
-
-
-def describe_checkpoint(manifest: Manifest) -> str:
-    """``checkpoint 7 (written by try 2, at ..., schema 1, dag version ...)`` for task logs."""
-    writer = manifest.writer
-    parts = [f"try {writer.try_number}" if writer.try_number is not None else writer.describe()]
-    parts.append(f"at {manifest.created_at}")
-    parts.append(f"schema {manifest.schema_version}")
-    if writer.dag_version_id:
-        parts.append(f"dag version {writer.dag_version_id}")
-    if manifest.code is not None and manifest.code.fingerprint:
-        parts.append(f"code {manifest.code.fingerprint}")
-    return f"checkpoint {manifest.seq} (written by {', '.join(parts)})"
 
 
 class WriterSession:
@@ -110,6 +101,9 @@ class WriterSession:
         (another fingerprint): ``"resume"`` (default: resume, one INFO line saying from what to what),
         ``"warn"`` (the same line as a WARNING), ``"restart"`` (start empty; the checkpoint stays in history) or
         ``"fail"`` (:class:`~airflow_stateful.core.errors.CodeChangedError`, the checkpoint untouched).
+    :param restore_cache: the worker's (or node's) restore cache: every chunk a commit uploads, and the files a
+        commit saves, are kept there, and :meth:`restore_files` reads it before downloading (each chunk
+        verified). Tasks and pods alike get it through here (:meth:`use_restore_cache`).
     """
 
     def __init__(
@@ -130,6 +124,7 @@ class WriterSession:
         outcome: TryOutcome | None = None,
         code: CodeIdentity | None = None,
         on_code_change: str = "resume",
+        restore_cache: LocalChunkCache | None = None,
     ) -> None:
         self.migrations = validate_schema(schema_version, migrations)
         if on_code_change not in ON_CODE_CHANGE:
@@ -176,16 +171,17 @@ class WriterSession:
         self._adopted = lease
         self._release_on_close = lease is None if release_on_close is None else release_on_close
         self._heartbeat_on = heartbeat
-        self._lease: Lease | None = None
+        #: The lease, its renewal thread and whether it was lost.
+        self._keeper = LeaseKeeper(
+            identity=checkpoints.identity,
+            ttl=ttl,
+            renew=checkpoints.renew,
+            renew_every=every,
+            on_renewed=self._report_progress,
+        )
         self._ended: Lease | None = None  # the lease held when the session closed
-        self._deadline = 0.0
-        self._lost: str | None = None
-        self._last_error: str | None = None
-        self._state_lock = threading.Lock()
         self._write_lock = threading.Lock()  # a commit and a cleanup never run at once (the sweep's fencing)
         self._cleanup: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         #: The checkpoint this session started from (verified, before migration), or ``None``.
         self.start: Manifest | None = None
         #: The checkpoint skipped by ``on_incompatible="restart"`` (pinned) or ``on_code_change="restart"``.
@@ -199,16 +195,38 @@ class WriterSession:
         self._staged: dict[str, StagedOutput] = {}
         self._progress_at = time.monotonic()  # the last commit of this session, or its start
         self._stuck_reported = False
+        self.restore_cache: LocalChunkCache | None = None
+        self._cache_runner = "this worker"
+        if restore_cache is not None:
+            self.use_restore_cache(restore_cache)
 
     def __repr__(self) -> str:
-        return f"WriterSession(identity={self.identity.key!r}, lease={self._lease and self._lease.epoch})"
+        return f"WriterSession(identity={self.identity.key!r}, lease={self._keeper.lease and self._keeper.lease.epoch})"
 
     # -- what the writer sees ------------------------------------------------------------------------------
+    def use_restore_cache(self, cache: LocalChunkCache | None, *, runner: str = "this worker") -> None:
+        """Keep what this writer commits in ``cache`` and restore from it first (``None``: no cache). ``runner``
+        names where this writer runs in the line a restore logs (the pod client says ``"this pod"``)."""
+        self.restore_cache, self._cache_runner = cache, runner
+        self.checkpoints.chunk_cache = cache  # uploads fill it from memory
+
+    @property
+    def rules(self) -> UpgradeRules:
+        """What this writer's code declares about the checkpoints it may meet (schema, migrations, codec, code)."""
+        return UpgradeRules(
+            schema_version=self.schema_version,
+            migrations=self.migrations,
+            on_incompatible=self.on_incompatible,
+            value_codec=self.value_codec,
+            code=self.code,
+            on_code_change=self.on_code_change,
+        )
+
     @property
     def lease(self) -> Lease:
-        if self._lease is None:
+        if self._keeper.lease is None:
             raise RuntimeError("the session is not open; call open() or use it as a context manager")
-        return self._lease
+        return self._keeper.lease
 
     @property
     def latest(self) -> Manifest | None:
@@ -223,14 +241,16 @@ class WriterSession:
     @property
     def lost(self) -> bool:
         """True once the lease is known to be taken over, broken, or expired without renewal."""
-        return self._lost is not None or (self._lease is not None and time.monotonic() > self._deadline)
+        return self._keeper.lost is not None or (
+            self._keeper.lease is not None and time.monotonic() > self._keeper.deadline
+        )
 
     def ensure_alive(self) -> None:
         """Raise FencedError if the lease is lost; cheap (no request), called before every upload."""
-        self._check_deadline()
-        if self._lost is not None:
+        self._keeper.check_deadline()
+        if self._keeper.lost is not None:
             raise FencedError(
-                f"cannot commit to identity {self.identity}: this writer lost its lease ({self._lost}). Nothing "
+                f"cannot commit to identity {self.identity}: this writer lost its lease ({self._keeper.lost}). Nothing "
                 "was uploaded; the last committed checkpoint is intact. Stop this writer; a retry resumes from "
                 "that checkpoint."
             )
@@ -238,7 +258,7 @@ class WriterSession:
     # -- lifecycle ------------------------------------------------------------------------------------------
     def __enter__(self) -> WriterSession:
         """Open the session, unless :meth:`open` already did; :meth:`close` runs on the way out."""
-        return self if self._lease is not None else self.open()
+        return self if self._keeper.lease is not None else self.open()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -247,23 +267,24 @@ class WriterSession:
 
     def open(self) -> WriterSession:
         """Take (or adopt) the lease, start renewing it, load the newest checkpoint and apply the upgrade rules."""
-        if self._lease is not None:
+        if self._keeper.lease is not None:
             raise RuntimeError(f"{self!r} is already open")
         sent = time.monotonic()
         if self._adopted is not None:
             # Prove the adopted lease is still ours (and learn its real expiry) before doing any work.
-            self._lease = self.checkpoints.renew(self._adopted)
+            lease = self.checkpoints.renew(self._adopted)
         else:
-            self._lease = self.checkpoints.acquire(
+            lease = self.checkpoints.acquire(
                 holder=self.writer,
                 steal=self.steal,
                 expected_interval=self.expected_interval,
                 outcome=self._started_as,
             )
+        self._keeper.hold(lease, sent=sent)
         self._progress_at = sent
-        self._deadline = sent + self.checkpoints.lease_ttl
         try:
-            self._start_heartbeat()
+            if self._heartbeat_on:
+                self._keeper.start()
             self._load()
         except BaseException as exc:
             self._end_on_open_error(exc)
@@ -310,15 +331,14 @@ class WriterSession:
         if cleanup is not None:
             cleanup.join()
         releasing = self._release_on_close if release is None else release
-        if releasing and self._lease is not None and self._lost is None:
+        if releasing and self._keeper.lease is not None and self._keeper.lost is None:
             self._sweep_quietly()  # before the lease goes: the sweep is fenced by it
-        self._stop_heartbeat()
-        with self._state_lock:
-            lease, self._lease = self._lease, None
+        self._keeper.stop()
+        lease = self._keeper.release()
         self._ended = lease or self._ended
         if lease is None or not releasing:
             return
-        if self._lost is not None:
+        if self._keeper.lost is not None:
             return  # fenced or expired: someone else's lease now, or nobody's
         try:
             self.checkpoints.release(lease, outcome=self._ended_as)
@@ -326,137 +346,32 @@ class WriterSession:
             log.warning("could not release the lease on %s: %s (it expires by itself)", self.identity, exc)
 
     def _load(self) -> None:
-        # The head just read or written to take the lease: an inline manifest costs no further request.
-        head = self.checkpoints.heads.cached()
-        latest = self.checkpoints.latest(head=head)
-        if latest is None:
-            log.info("no checkpoint for %s yet: starting fresh", self.identity)
-            return
-        assert head is not None
-        pinned = pin_to_resume(head, schema_version=self.schema_version)
-        if pinned is not None:
-            self._resume_pinned(head, pinned, latest)
-            return
-        value = decode_value(
-            latest.value, latest.value_codec, allowed=self.value_codec, where=f"checkpoint {latest.seq}"
+        """Where this writer starts (:func:`~airflow_stateful.core.protocol.upgrades.find_start`); a migrated value
+        is committed before any user code runs, files kept."""
+        found = find_start(
+            self.checkpoints, self.lease, self.rules, writer=self.writer, check=self.ensure_alive
         )
-        origin = describe_checkpoint(latest)
-        resumed = {"identity": self.identity.key, "seq": latest.seq, "schema_version": latest.schema_version}
-        try:
-            migration_path(latest.schema_version, self.schema_version, self.migrations)
-        except IncompatibleStateError as exc:
-            if self.on_incompatible == "fail":
-                raise IncompatibleStateError(
-                    f"cannot resume from {origin}: {exc} The checkpoint is untouched."
-                ) from exc
-            self.checkpoints.pin(
-                self.lease,
-                latest.seq,
-                reason=f"schema {latest.schema_version} cannot be read by schema-{self.schema_version} code ({exc})",
-                by=f"{self.writer.describe()}, schema {self.schema_version}",
-            )
-            log.warning(
-                "%s is incompatible (%s); on_incompatible='restart': starting fresh. It is pinned: retention keeps "
-                "it, and schema-%d code resumes from it when it runs again.",
-                origin,
-                exc,
-                latest.schema_version,
-            )
-            self.restarted_from = latest
+        self.start, self.restarted_from, self.resumed_pin = (
+            found.start,
+            found.restarted_from,
+            found.resumed_pin,
+        )
+        self._latest, self._value = found.latest, found.value
+        if found.migrated is None:
             return
-        if latest.schema_version == self.schema_version and not self._code_allows(latest, origin):
-            self.restarted_from = latest
-            return
-        self.start = self._latest = latest
-        if latest.schema_version == self.schema_version:
-            self._value = value
-            log.info("resuming from %s", origin)
-            events.emit(events.RESUME, **resumed)
-            return
-        migrated = migrate(value, latest.schema_version, self.schema_version, self.migrations)
-        # Committed before any user code runs, files kept. What the checkpoint's extra records (a resume
-        # position, the pod's image) belongs to its run: carried only within the same run.
-        carried = self._carried_extra(latest)
-        info = self.commit(migrated, extra=carried)
-        events.emit(events.RESUME, **resumed)
+        latest = found.latest
+        assert latest is not None
+        info = self.commit(found.migrated, extra=found.carried)
+        events.emit(
+            events.RESUME, identity=self.identity.key, seq=latest.seq, schema_version=latest.schema_version
+        )
         log.info(
             "resuming from %s, migrated %d -> %d (committed as checkpoint %d)",
-            origin,
+            describe_checkpoint(latest),
             latest.schema_version,
             self.schema_version,
             info.seq,
         )
-
-    def _carried_extra(self, source: Manifest) -> dict[str, Any] | None:
-        """What a checkpoint committed on this writer's behalf before its code runs (a migration, a pinned
-        checkpoint's copy) carries over from ``source``'s ``extra``: a resume position or the pod's image belong to
-        ``source``'s run, so only within the same run, and never the mark of an earlier rollback."""
-        if source.writer.run_id != self.writer.run_id:
-            return None
-        return {k: v for k, v in source.extra.items() if k != "rolled_back_from"}
-
-    def _code_allows(self, latest: Manifest, origin: str) -> bool:
-        """Apply ``on_code_change`` to a checkpoint of this schema; False: start fresh instead (``restart``).
-
-        One line says what changed from the checkpoint's code to this try's: the task's code (its fingerprint)
-        decides; the DAG version, bundle version and provider version are said beside it.
-        """
-        if self.code is None or latest.code is None:
-            return True
-        changes = latest.code.changes(self.code)
-        if not changes:
-            return True
-        line = f"{origin} was written by other code: {'; '.join(changes)}"
-        if not latest.code.code_changed(self.code):
-            log.info("%s (the task's own code is unchanged)", line)
-            return True
-        if self.on_code_change == "fail":
-            raise CodeChangedError(
-                f"cannot resume: {line}; on_code_change='fail'. The checkpoint is untouched."
-            )
-        if self.on_code_change == "restart":
-            log.warning("%s; on_code_change='restart': starting fresh, it stays in history", line)
-            return False
-        (log.warning if self.on_code_change == "warn" else log.info)("%s; resuming from it", line)
-        return True
-
-    def _resume_pinned(self, head: HeadRecord, entry: CheckpointEntry, latest: Manifest) -> None:
-        """Resume from a pinned checkpoint this code wrote and older code set aside: commit a copy of it as the
-        newest (files by reference, the value as stored), releasing its pin in the same write."""
-        pinned = self.checkpoints.read_manifest(entry)
-        value = decode_value(
-            pinned.value, pinned.value_codec, allowed=self.value_codec, where=f"checkpoint {pinned.seq}"
-        )
-        carried = self._carried_extra(pinned) or {}
-        copy = self.checkpoints.commit(
-            self.lease,
-            pinned.value,
-            encoded=True,
-            schema_version=pinned.schema_version,
-            writer=self.writer,
-            value_codec=pinned.value_codec,
-            keep_files_from=pinned,
-            previous=pinned,
-            extra={**carried, "resumed_from_pin": pinned.seq},
-            check=self.ensure_alive,
-            code=self.code,
-            unpin=[entry.commit_id],
-        )
-        newer = [e.seq for e in head.checkpoints if e.seq > entry.seq]
-        log.warning(
-            "resuming from pinned %s, which code of schema %d set aside (checkpoint %d is its newest; %s "
-            "stay in history); committed its copy as checkpoint %d and released the pin",
-            describe_checkpoint(pinned),
-            latest.schema_version,
-            latest.seq,
-            f"checkpoints {newer[0]}-{newer[-1]}" if len(newer) > 1 else f"checkpoint {newer[0]}",
-            copy.seq,
-        )
-        events.emit(
-            events.RESUME, identity=self.identity.key, seq=pinned.seq, schema_version=pinned.schema_version
-        )
-        self.start, self.resumed_pin = pinned, pinned
-        self._latest, self._value = copy, value
 
     # -- writing --------------------------------------------------------------------------------------------
     def commit(
@@ -476,7 +391,7 @@ class WriterSession:
         Raises FencedError at once, before any upload, when the session has lost its lease. On any error
         nothing this session knows changes (:attr:`latest`, :attr:`value`), and neither does the store.
         """
-        if self._lease is None and self._ended is not None:
+        if self._keeper.lease is None and self._ended is not None:
             raise self._ended_error(self._ended)
         self.ensure_alive()
         sent = time.monotonic()
@@ -492,8 +407,8 @@ class WriterSession:
                     follow_symlinks=follow_symlinks,
                 )
         except FencedError as exc:
-            if self._lost is None:
-                self._mark_lost(str(exc))
+            if self._keeper.lost is None:
+                self._keeper.mark_lost(str(exc), epoch=self._lease_epoch())
             raise
         except CommitOutcomeUnknownError as exc:
             if isinstance(exc.manifest, Manifest):
@@ -504,8 +419,11 @@ class WriterSession:
             events.emit(events.COMMIT_FAILED, identity=self.identity.key, error=type(exc).__name__)
             raise
         self._latest, self._value = manifest, value
+        if files is not None and self.restore_cache is not None:
+            # The tree the commit just wrote: no request. Also the chunks the upload did not send.
+            remember_saved(self.restore_cache, manifest, self.checkpoints.tree(manifest), files)
         self._progress_at, self._stuck_reported = time.monotonic(), False
-        self._confirmed(sent)
+        self._keeper.confirmed(sent)
         if self.checkpoints.cleanup_due >= CLEANUP_AFTER:
             self._start_cleanup()
         return manifest
@@ -615,8 +533,8 @@ class WriterSession:
         self._cleanup.start()
 
     def _sweep_quietly(self) -> None:
-        lease = self._lease
-        if lease is None or self._lost is not None:
+        lease = self._keeper.lease
+        if lease is None or self._keeper.lost is not None:
             return
         try:
             with self._write_lock:
@@ -634,10 +552,10 @@ class WriterSession:
         cleanup, self._cleanup = self._cleanup, None
         if cleanup is not None:
             cleanup.join()
-        self._stop_heartbeat()
+        self._keeper.stop()
         with self._write_lock:
             deleted = self.checkpoints.purge(self.lease)
-        self._ended, self._lease = self._lease, None
+        self._ended = self._keeper.release()
         return deleted
 
     def _ended_error(self, lease: Lease) -> FencedError:
@@ -664,99 +582,29 @@ class WriterSession:
         ``mode`` defaults to ``"exact"``: the task owns the directory it saves and restores, so a retry sees
         exactly the checkpoint's files, never the part files a killed try left beside them (see
         :meth:`CheckpointStore.restore_files` for ``"merge"`` and ``"empty"``). With no checkpoint yet, or one
-        without files, ``dest`` is left as it is and the result is false."""
+        without files, ``dest`` is left as it is and the result is false. ``cache``: where chunks may be found
+        first; default: this writer's restore cache, whose use is then logged in one line."""
         mode = check_mode(mode)
         manifest = manifest or self._latest
         if manifest is None:
             result = RestoreResult(dest=Path(dest), mode=mode, seq=None, untouched=True)
-        else:
-            result = self.checkpoints.restore_files(manifest, dest, mode=mode, cache=cache)
+            log.info("%s", result.describe())
+            return result
+        local = self.restore_cache if cache is None and manifest.has_files else None
+        before = local.stats if local is not None else None
+        result = self.checkpoints.restore_files(manifest, dest, mode=mode, cache=cache or local)
+        if local is not None and before is not None:
+            log.info("%s", describe_use(local, before, manifest, self.writer, runner=self._cache_runner))
         log.info("%s", result.describe())
         return result
 
     # -- the heartbeat --------------------------------------------------------------------------------------
-    def _confirmed(self, sent: float) -> None:
-        """A renewal (or commit) sent at monotonic time ``sent`` landed: the lease lives until ``sent + ttl``."""
-        with self._state_lock:
-            self._deadline = max(self._deadline, sent + self.checkpoints.lease_ttl)
-            self._last_error = None
-
-    def _check_deadline(self) -> None:
-        if self._lost is None and self._lease is not None and time.monotonic() > self._deadline:
-            reason = self._last_error or "no renewal succeeded"
-            self._mark_lost(
-                f"the lease on {self.identity} was not renewed within its ttl of {self.checkpoints.lease_ttl:g} s "
-                f"({reason}); another writer or maintenance may take it over now"
-            )
-
-    def _mark_lost(self, reason: str) -> None:
-        with self._state_lock:
-            if self._lost is not None:
-                return
-            self._lost = reason
-        log.error(
-            "LEASE LOST on %s: %s%s The next save of this writer will fail.",
-            self.identity,
-            reason,
-            "" if reason.endswith(".") else ".",
-        )
-        events.emit(events.FENCED, identity=self.identity.key, epoch=self._lease_epoch(), action="renew")
-
     def _lease_epoch(self) -> int:
-        lease = self._lease or self._adopted
+        lease = self._keeper.lease or self._adopted
         return lease.epoch if lease else 0
 
     def _stop_heartbeat(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            # A renewal in flight finishes within the store client's timeouts; the thread is a daemon anyway.
-            thread.join(timeout=min(self.checkpoints.lease_ttl, 30.0))
-
-    def _start_heartbeat(self) -> None:
-        if not self._heartbeat_on:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._beat, name=f"stateful-lease-{self.identity.key[:40]}", daemon=True
-        )
-        self._thread.start()
-
-    def _beat(self) -> None:
-        wait = self.renew_every * random.uniform(0.8, 1.0)
-        while not self._stop.wait(wait):
-            lease = self._lease
-            if lease is None or self._lost is not None:
-                return
-            sent = time.monotonic()
-            try:
-                renewed = self.checkpoints.renew(lease)
-            except FencedError as exc:
-                if not self._stop.is_set():  # not a release or purge that overtook this renewal
-                    self._mark_lost(str(exc))
-                return
-            except Exception as exc:  # unreachable store, throttling, ...: retry until the deadline
-                left = self._deadline - time.monotonic()
-                self._last_error = f"last renewal error: {type(exc).__name__}: {exc}"
-                if left <= 0:
-                    self._check_deadline()
-                    return
-                wait = min(self.renew_every, max(0.2, left / 4))
-                log.warning(
-                    "could not renew the lease on %s (%s); retrying in %.1f s, it expires in %.0f s",
-                    self.identity,
-                    self._last_error,
-                    wait,
-                    left,
-                )
-                continue
-            with self._state_lock:
-                if self._stop.is_set():
-                    return  # closed meanwhile (a renewal slower than the join): do not reopen the session
-                self._lease = renewed
-            self._confirmed(sent)
-            self._report_progress()
-            wait = self.renew_every * random.uniform(0.8, 1.0)
+        self._keeper.stop()
 
     def _report_progress(self) -> None:
         """After a renewal: how long since this writer last committed, and whether that makes it stuck.
