@@ -17,6 +17,7 @@ SSE-KMS with a key id and bucket key; multipart parts inherit it from ``CreateMu
 request carries ``ExpectedBucketOwner`` when one is configured, so a bucket name that now belongs to another
 account is refused by S3 instead of receiving the checkpoints. The options are checked when the store is
 built, before any request (:mod:`~airflow_stateful.core.stores.s3_options`); none of them costs a request.
+S3's error codes are read in :mod:`~airflow_stateful.core.stores.s3_errors`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
-    ObjectNotFoundError,
     PreconditionFailedError,
     StatefulError,
     StoreError,
@@ -46,6 +46,15 @@ from airflow_stateful.core.stores.base import (
     ProgressCallback,
     StoredFile,
     too_large,
+)
+from airflow_stateful.core.stores.s3_errors import (
+    LOST_CONDITION,
+    NOT_FOUND,
+    READ_ATTEMPTS,
+    ShortRange,
+    client_error_code,
+    transit_error,
+    translate,
 )
 from airflow_stateful.core.stores.s3_options import (
     botocore_config,
@@ -62,51 +71,6 @@ if TYPE_CHECKING:
 
 MIB = 1024 * 1024
 MAX_PARTS = 10_000
-_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
-_LOST_CONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
-_ACCESS = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "403"}
-_KMS = "KMS."
-
-
-READ_ATTEMPTS = 3
-"""Times a read is sent in all when its answer's body breaks off or fails its checksum on the way.
-
-botocore retries a request that failed (a reset, a timeout, a 5xx) but not one whose *body* broke afterwards:
-it hands the body over as a stream, and reading it is the caller's business. A cut connection or a body that
-fails botocore's CRC32 check (S3 returns the checksum each object was written with) says nothing about the
-stored object, so the read is sent again before anyone is told, and then told that it was the transfer."""
-
-
-def _transit_error(exc: BaseException) -> bool:
-    """Whether ``exc`` broke the transfer of an answer's body (the stored object is not judged by it)."""
-    from botocore.exceptions import (
-        ConnectionClosedError,
-        FlexibleChecksumError,
-        IncompleteReadError,
-        ReadTimeoutError,
-        ResponseStreamingError,
-    )
-
-    kinds = (
-        ConnectionClosedError,
-        FlexibleChecksumError,
-        IncompleteReadError,
-        ReadTimeoutError,
-        ResponseStreamingError,
-        _ShortRange,
-    )
-    return isinstance(exc, kinds)
-
-
-class _ShortRange(Exception):
-    """A ranged GET answered fewer (or more) bytes than the range holds: the transfer, not the object."""
-
-
-def _client_error_code(exc: Exception) -> str | None:
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return None
-    return str(response.get("Error", {}).get("Code", ""))
 
 
 class S3ObjectStore(ObjectStore):
@@ -237,53 +201,20 @@ class S3ObjectStore(ObjectStore):
     def _translate(
         self, exc: Exception, key: str, *, conditional: bool = False, reading: bool = False
     ) -> Exception:
-        """Map a botocore error to one of ours, with a message that says what to do and holds no secret.
+        """:func:`~airflow_stateful.core.stores.s3_errors.translate` with this store's bucket and endpoint.
 
-        :param reading: ``exc`` broke the body of an answer, after :data:`READ_ATTEMPTS` reads.
+        The streamed upload and download are handed this method, so their errors read like the store's own.
         """
-        code = _client_error_code(exc)
-        where = f"{self.url} (object {key!r})"
-        if code in _LOST_CONDITION:
-            return PreconditionFailedError(f"conditional write to {where} lost: the object exists or changed")
-        if code in _NOT_FOUND:
-            if conditional:
-                return PreconditionFailedError(f"conditional write to {where} lost: the object is gone")
-            return ObjectNotFoundError(f"object {key!r} does not exist in {self.url}")
-        if code == "NoSuchBucket":
-            return StoreError(
-                f"bucket {self.bucket!r} does not exist at {self.endpoint_url or 'AWS'}; "
-                "create it or fix backend_url."
-            )
-        if code in _ACCESS:
-            owner = (
-                f", and that account {self.expected_bucket_owner} owns the bucket (expected_bucket_owner)"
-                if self.expected_bucket_owner
-                else ""
-            )
-            return StoreError(
-                f"access to {where} was denied ({code}); check the credentials of the connection "
-                f"or the AWS credential chain (and the role it assumes), the bucket policy{owner}."
-            )
-        if code is not None and code.startswith(_KMS):
-            return StoreError(
-                f"S3 could not use the KMS key of {where} ({code}); check sse_kms_key_id and that the key "
-                "policy lets these credentials use it (kms:GenerateDataKey to write, kms:Decrypt to read)."
-            )
-        if code == "NotImplemented":
-            return StoreError(
-                f"the endpoint behind {self.url} does not support a request the commit protocol needs "
-                "(conditional writes: If-None-Match / If-Match); use an S3-compatible store that does."
-            )
-        if reading and code is None and _transit_error(exc):
-            return StoreError(
-                f"reading {where} failed {READ_ATTEMPTS} times in a row: the answer broke off or failed its "
-                f"checksum on the way ({type(exc).__name__}: {exc}). The bytes were not used; the stored object "
-                "was not judged by them. Check the network path to the endpoint (proxies, load balancers)."
-            )
-        if code is None:
-            name = type(exc).__name__
-            return StoreError(f"cannot reach {where}: {name}: {exc}")
-        return StoreError(f"S3 request on {where} failed: {code}: {exc}")
+        return translate(
+            exc,
+            key,
+            url=self.url,
+            bucket=self.bucket,
+            endpoint_url=self.endpoint_url,
+            expected_bucket_owner=self.expected_bucket_owner,
+            conditional=conditional,
+            reading=reading,
+        )
 
     # -- interface -----------------------------------------------------------------------------------------
     def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
@@ -312,7 +243,7 @@ class S3ObjectStore(ObjectStore):
                 raise
             except Exception as exc:
                 body.close()
-                if attempt < READ_ATTEMPTS and _transit_error(exc):
+                if attempt < READ_ATTEMPTS and transit_error(exc):
                     continue
                 raise self._translate(exc, key, reading=True) from exc
             return Blob(data=data, etag=response["ETag"])
@@ -479,7 +410,7 @@ class S3ObjectStore(ObjectStore):
                 **self._owner,
             )
         except Exception as exc:
-            if _client_error_code(exc) not in _LOST_CONDITION | {"NoSuchUpload"}:
+            if client_error_code(exc) not in LOST_CONDITION | {"NoSuchUpload"}:
                 raise
             # A retried completion whose first attempt landed: the object's multipart ETag (MD5 of the
             # parts' MD5s, "-N") proves it holds exactly our parts.
@@ -519,7 +450,7 @@ class S3ObjectStore(ObjectStore):
                         continue
                     raise
                 except Exception as exc:
-                    if attempt < READ_ATTEMPTS and _transit_error(exc):
+                    if attempt < READ_ATTEMPTS and transit_error(exc):
                         continue
                     raise self._translate(exc, key, reading=True) from exc
                 return
@@ -531,7 +462,7 @@ class S3ObjectStore(ObjectStore):
                         Bucket=self.bucket, Key=full_key, Range=f"bytes={start}-{end}", **self._owner
                     )
                 except Exception as exc:
-                    if _client_error_code(exc) == "InvalidRange":
+                    if client_error_code(exc) == "InvalidRange":
                         return b""  # shorter than recorded: the size check below names it corrupt
                     raise
                 total = str(response.get("ContentRange", "")).rpartition("/")[2]
@@ -544,9 +475,9 @@ class S3ObjectStore(ObjectStore):
                     data: bytes = response["Body"].read()
                     if len(data) != end - start + 1:
                         # The object is long enough (Content-Range says so): the answer was cut short.
-                        raise _ShortRange(f"bytes {start}-{end}: {len(data)} bytes arrived")
+                        raise ShortRange(f"bytes {start}-{end}: {len(data)} bytes arrived")
                 except Exception as exc:
-                    if attempt < READ_ATTEMPTS and _transit_error(exc):
+                    if attempt < READ_ATTEMPTS and transit_error(exc):
                         continue
                     raise self._translate(exc, key, reading=True) from exc
                 return data
@@ -647,7 +578,7 @@ class S3ObjectStore(ObjectStore):
             raise self._translate(
                 exc, full_keys[0][len(self.prefix) + 1 :] if self.prefix else full_keys[0]
             ) from exc
-        errors = [e for e in response.get("Errors", []) if e.get("Code") not in _NOT_FOUND]
+        errors = [e for e in response.get("Errors", []) if e.get("Code") not in NOT_FOUND]
         if errors:
             first = errors[0]
             raise StoreError(
