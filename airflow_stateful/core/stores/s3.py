@@ -2,11 +2,12 @@
 
 create-if-absent is ``PutObject``/``CompleteMultipartUpload`` with ``If-None-Match: *``; compare-and-swap is
 ``PutObject`` with ``If-Match: <etag>``. S3 answers a lost condition with 412 (or 409 when two conditional
-writes race), which becomes :class:`PreconditionFailedError`.
+writes race), which becomes :class:`PreconditionFailedError` (every error is read in one place,
+:mod:`~airflow_stateful.core.stores.s3_errors`).
 
-Large files are streamed: the file is read once, in order, hashing every part as it goes, while up to
-``max_concurrency`` parts are uploaded in parallel; memory stays at about ``(max_concurrency + 1) *
-part_size`` whatever the file size. Downloads fetch ranges in parallel and hash them in order.
+Large files are streamed: the multipart upload reads the file once, hashing it as parts go up in parallel
+(:mod:`~airflow_stateful.core.stores.s3_upload`); memory stays at about ``(max_concurrency + 1) * part_size``
+whatever the file size. Downloads fetch ranges in parallel and hash them in order.
 
 Only boto3 is needed (this module also runs inside Kubernetes pods without Airflow). Credentials come from
 the arguments (an Airflow connection, resolved by the caller), a profile, an assumed role, or boto3's standard
@@ -17,20 +18,17 @@ SSE-KMS with a key id and bucket key; multipart parts inherit it from ``CreateMu
 request carries ``ExpectedBucketOwner`` when one is configured, so a bucket name that now belongs to another
 account is refused by S3 instead of receiving the checkpoints. The options are checked when the store is
 built, before any request (:mod:`~airflow_stateful.core.stores.s3_options`); none of them costs a request.
-S3's error codes are read in :mod:`~airflow_stateful.core.stores.s3_errors`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
-import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
@@ -48,7 +46,6 @@ from airflow_stateful.core.stores.base import (
     too_large,
 )
 from airflow_stateful.core.stores.s3_errors import (
-    LOST_CONDITION,
     NOT_FOUND,
     READ_ATTEMPTS,
     ShortRange,
@@ -64,13 +61,15 @@ from airflow_stateful.core.stores.s3_options import (
     check_expected_bucket_owner,
     check_verify,
 )
+from airflow_stateful.core.stores.s3_upload import MAX_PARTS, upload_multipart
 from airflow_stateful.core.stores.verify import VerifiedFileWriter, copy_verified
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
+__all__ = ["MAX_PARTS", "MIB", "READ_ATTEMPTS", "S3ObjectStore"]
+
 MIB = 1024 * 1024
-MAX_PARTS = 10_000
 
 
 class S3ObjectStore(ObjectStore):
@@ -297,131 +296,21 @@ class S3ObjectStore(ObjectStore):
             if progress:
                 progress(len(data))
             return StoredFile(key=key, size=len(data), sha256=digest.hexdigest())
-        return self._upload_multipart(key, Path(path), size, progress)
-
-    def _upload_multipart(
-        self, key: str, path: Path, size: int, progress: ProgressCallback | None
-    ) -> StoredFile:
-        full_key = self._key(key)
-        part_size = max(self.part_size, math.ceil(size / MAX_PARTS))
-        sent = time.monotonic()
-        try:
-            # Declaring CRC32 (as s3transfer does) lets the server verify each part and, on moto, spares a
-            # full re-read of the object at completion; see docs/performance.md.
-            created = self.client.create_multipart_upload(
-                Bucket=self.bucket, Key=full_key, ChecksumAlgorithm="CRC32", **self._write_args
-            )
-        except Exception as exc:
-            raise self._translate(exc, key) from exc
-        upload_id = created["UploadId"]
-        if created.get("ResponseMetadata", {}).get("RetryAttempts"):
-            self._abort_lost_creates(full_key, upload_id, window=time.monotonic() - sent + 1.0)
-        digest = hashlib.sha256()
-        total = 0
-        parts: dict[int, dict[str, str]] = {}
-
-        def send(number: int, chunk: bytes) -> None:
-            response = self.client.upload_part(
-                Bucket=self.bucket,
-                Key=full_key,
-                UploadId=upload_id,
-                PartNumber=number,
-                Body=chunk,
-                ChecksumAlgorithm="CRC32",
-                **self._owner,
-            )
-            parts[number] = {"ETag": response["ETag"], "ChecksumCRC32": response.get("ChecksumCRC32", "")}
-            if progress:
-                progress(len(chunk))
-
-        pending: deque[Future[None]] = deque()
-        try:
-            pool = self._executor()
-            with open(path, "rb") as fh:
-                number = 0
-                while chunk := fh.read(part_size):
-                    number += 1
-                    digest.update(chunk)
-                    total += len(chunk)
-                    pending.append(pool.submit(send, number, chunk))
-                    del chunk  # the future holds the only reference; memory stays bounded
-                    while len(pending) >= self.max_concurrency:
-                        pending.popleft().result()
-            while pending:
-                pending.popleft().result()
-            self._complete(key, full_key, upload_id, parts)
-        except BaseException as exc:
-            for future in pending:
-                future.cancel()
-            for future in pending:
-                if not future.cancelled():
-                    future.exception()
-            # The original error matters more than a failed abort; GC removes what is left.
-            with contextlib.suppress(Exception):
-                self.client.abort_multipart_upload(
-                    Bucket=self.bucket, Key=full_key, UploadId=upload_id, **self._owner
-                )
-            if isinstance(exc, Exception):
-                raise self._translate(exc, key, conditional=True) from exc
-            raise
-        return StoredFile(key=key, size=total, sha256=digest.hexdigest())
-
-    def _abort_lost_creates(self, full_key: str, upload_id: str, *, window: float) -> None:
-        """Abort the uploads that earlier attempts of our retried CreateMultipartUpload created.
-
-        CreateMultipartUpload is not idempotent: when an attempt lands but its answer is lost (a reset, a
-        timeout, a cut body), botocore's retry creates a second upload, and the first one's id is known to
-        nobody. Its parts would stay, billed, for ever, and no object listing (so no GC) shows them. They are
-        the uploads of this very key initiated at most ``window`` seconds (how long our call took, plus a
-        second for the store's clock resolution) before ours. Best effort: if this fails, the bucket's
-        lifecycle rule ``AbortIncompleteMultipartUpload`` (docs/reliability.md) is the backstop.
-        """
-        import datetime
-
-        with contextlib.suppress(Exception):
-            listed = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=full_key, **self._owner)
-            uploads = [u for u in listed.get("Uploads", []) if u.get("Key") == full_key]
-            ours = next((u for u in uploads if u.get("UploadId") == upload_id), None)
-            if ours is None:
-                return
-            since = ours["Initiated"] - datetime.timedelta(seconds=window)
-            for upload in uploads:
-                if upload["UploadId"] != upload_id and since <= upload["Initiated"] <= ours["Initiated"]:
-                    self.client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=full_key, UploadId=upload["UploadId"], **self._owner
-                    )
-
-    def _complete(self, key: str, full_key: str, upload_id: str, parts: dict[int, dict[str, str]]) -> None:
-        try:
-            self.client.complete_multipart_upload(
-                Bucket=self.bucket,
-                Key=full_key,
-                UploadId=upload_id,
-                MultipartUpload=cast(
-                    Any,
-                    {
-                        "Parts": [
-                            {"PartNumber": n, **{k: v for k, v in parts[n].items() if v}}
-                            for n in sorted(parts)
-                        ]
-                    },
-                ),
-                IfNoneMatch="*",
-                **self._owner,
-            )
-        except Exception as exc:
-            if client_error_code(exc) not in LOST_CONDITION | {"NoSuchUpload"}:
-                raise
-            # A retried completion whose first attempt landed: the object's multipart ETag (MD5 of the
-            # parts' MD5s, "-N") proves it holds exactly our parts.
-            md5s = b"".join(bytes.fromhex(parts[n]["ETag"].strip('"')) for n in sorted(parts))
-            expected = f'"{hashlib.md5(md5s, usedforsecurity=False).hexdigest()}-{len(parts)}"'
-            try:
-                actual = self.client.head_object(Bucket=self.bucket, Key=full_key, **self._owner)["ETag"]
-            except Exception:
-                raise exc from None
-            if actual != expected:
-                raise
+        return upload_multipart(
+            self.client,
+            self._executor,
+            bucket=self.bucket,
+            key=key,
+            full_key=self._key(key),
+            path=Path(path),
+            size=size,
+            part_size=self.part_size,
+            max_concurrency=self.max_concurrency,
+            owner=self._owner,
+            write_args=self._write_args,
+            translate=self._translate,
+            progress=progress,
+        )
 
     def download_file(
         self,
