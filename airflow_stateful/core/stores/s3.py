@@ -5,9 +5,11 @@ create-if-absent is ``PutObject``/``CompleteMultipartUpload`` with ``If-None-Mat
 writes race), which becomes :class:`PreconditionFailedError` (every error is read in one place,
 :mod:`~airflow_stateful.core.stores.s3_errors`).
 
-Large files are streamed: the multipart upload reads the file once, hashing it as parts go up in parallel
-(:mod:`~airflow_stateful.core.stores.s3_upload`); memory stays at about ``(max_concurrency + 1) * part_size``
-whatever the file size. Downloads fetch ranges in parallel and hash them in order.
+Large files are streamed both ways, in their own modules: the multipart upload reads the file once, hashing it
+as parts go up in parallel (:mod:`~airflow_stateful.core.stores.s3_upload`), and downloads fetch ranges in
+parallel and hash them in order (:mod:`~airflow_stateful.core.stores.s3_download`). Memory stays at about
+``(max_concurrency + 1) * part_size`` whatever the file size. This module holds the store itself: its options,
+its keys, and the requests on single objects and listings.
 
 Only boto3 is needed (this module also runs inside Kubernetes pods without Airflow). Credentials come from
 the arguments (an Airflow connection, resolved by the caller), a profile, an assumed role, or boto3's standard
@@ -24,18 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_stateful.core.errors import (
-    CheckpointCorruptError,
-    PreconditionFailedError,
-    StatefulError,
-    StoreError,
-)
+from airflow_stateful.core.errors import PreconditionFailedError, StatefulError, StoreError
 from airflow_stateful.core.stores.base import (
     Blob,
     CommonPrefix,
@@ -45,14 +41,8 @@ from airflow_stateful.core.stores.base import (
     StoredFile,
     too_large,
 )
-from airflow_stateful.core.stores.s3_errors import (
-    NOT_FOUND,
-    READ_ATTEMPTS,
-    ShortRange,
-    client_error_code,
-    transit_error,
-    translate,
-)
+from airflow_stateful.core.stores.s3_download import download_ranged, download_whole
+from airflow_stateful.core.stores.s3_errors import NOT_FOUND, READ_ATTEMPTS, transit_error, translate
 from airflow_stateful.core.stores.s3_options import (
     botocore_config,
     check_assume_role,
@@ -62,7 +52,6 @@ from airflow_stateful.core.stores.s3_options import (
     check_verify,
 )
 from airflow_stateful.core.stores.s3_upload import MAX_PARTS, upload_multipart
-from airflow_stateful.core.stores.verify import VerifiedFileWriter, copy_verified
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -323,79 +312,36 @@ class S3ObjectStore(ObjectStore):
     ) -> None:
         full_key = self._key(key)
         if size <= self.part_size:
-            for attempt in range(1, READ_ATTEMPTS + 1):
-                try:
-                    body = self.client.get_object(Bucket=self.bucket, Key=full_key, **self._owner)["Body"]
-                except Exception as exc:
-                    raise self._translate(exc, key) from exc
-                try:
-                    copy_verified(
-                        body, dest, key=key, where=self.url, size=size, sha256=sha256, progress=progress
-                    )
-                except CheckpointCorruptError:
-                    # Wrong bytes twice are the object's; once may be the way (a body cut short under a
-                    # rewritten length, from an endpoint that sends no checksum): read it again first.
-                    if attempt < READ_ATTEMPTS:
-                        continue
-                    raise
-                except Exception as exc:
-                    if attempt < READ_ATTEMPTS and transit_error(exc):
-                        continue
-                    raise self._translate(exc, key, reading=True) from exc
-                return
-
-        def fetch(start: int, end: int) -> bytes:
-            for attempt in range(1, READ_ATTEMPTS + 1):
-                try:
-                    response = self.client.get_object(
-                        Bucket=self.bucket, Key=full_key, Range=f"bytes={start}-{end}", **self._owner
-                    )
-                except Exception as exc:
-                    if client_error_code(exc) == "InvalidRange":
-                        return b""  # shorter than recorded: the size check below names it corrupt
-                    raise
-                total = str(response.get("ContentRange", "")).rpartition("/")[2]
-                if total.isdigit() and int(total) != size:
-                    raise CheckpointCorruptError(
-                        f"object {key!r} in {self.url} is corrupt: expected {size} bytes, the store holds "
-                        f"{total}. The bytes were not used."
-                    )
-                try:
-                    data: bytes = response["Body"].read()
-                    if len(data) != end - start + 1:
-                        # The object is long enough (Content-Range says so): the answer was cut short.
-                        raise ShortRange(f"bytes {start}-{end}: {len(data)} bytes arrived")
-                except Exception as exc:
-                    if attempt < READ_ATTEMPTS and transit_error(exc):
-                        continue
-                    raise self._translate(exc, key, reading=True) from exc
-                return data
-            raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
-
-        ranges = [(start, min(start + self.part_size, size) - 1) for start in range(0, size, self.part_size)]
-        pending: deque[Future[bytes]] = deque()
-        pool = self._executor()
-        try:
-            with VerifiedFileWriter(
-                dest, key=key, where=self.url, size=size, sha256=sha256, progress=progress
-            ) as writer:
-                todo = iter(ranges)
-                for start, end in todo:
-                    pending.append(pool.submit(fetch, start, end))
-                    if len(pending) >= self.max_concurrency:
-                        break
-                while pending:
-                    writer.write(pending.popleft().result())
-                    nxt = next(todo, None)
-                    if nxt is not None:
-                        pending.append(pool.submit(fetch, *nxt))
-        except StatefulError:
-            raise
-        except Exception as exc:
-            raise self._translate(exc, key) from exc
-        finally:
-            for future in pending:
-                future.cancel()
+            download_whole(
+                self.client,
+                bucket=self.bucket,
+                key=key,
+                full_key=full_key,
+                url=self.url,
+                dest=dest,
+                size=size,
+                sha256=sha256,
+                owner=self._owner,
+                translate=self._translate,
+                progress=progress,
+            )
+            return
+        download_ranged(
+            self.client,
+            self._executor,
+            bucket=self.bucket,
+            key=key,
+            full_key=full_key,
+            url=self.url,
+            dest=dest,
+            size=size,
+            sha256=sha256,
+            part_size=self.part_size,
+            max_concurrency=self.max_concurrency,
+            owner=self._owner,
+            translate=self._translate,
+            progress=progress,
+        )
 
     def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
         full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
