@@ -2,11 +2,14 @@
 
 create-if-absent is ``PutObject``/``CompleteMultipartUpload`` with ``If-None-Match: *``; compare-and-swap is
 ``PutObject`` with ``If-Match: <etag>``. S3 answers a lost condition with 412 (or 409 when two conditional
-writes race), which becomes :class:`PreconditionFailedError`.
+writes race), which becomes :class:`PreconditionFailedError` (every error is read in one place,
+:mod:`~airflow_stateful.core.stores.s3_errors`).
 
-Large files are streamed: the file is read once, in order, hashing every part as it goes, while up to
-``max_concurrency`` parts are uploaded in parallel; memory stays at about ``(max_concurrency + 1) *
-part_size`` whatever the file size. Downloads fetch ranges in parallel and hash them in order.
+Large files are streamed both ways, in their own modules: the multipart upload reads the file once, hashing it
+as parts go up in parallel (:mod:`~airflow_stateful.core.stores.s3_upload`), and downloads fetch ranges in
+parallel and hash them in order (:mod:`~airflow_stateful.core.stores.s3_download`). Memory stays at about
+``(max_concurrency + 1) * part_size`` whatever the file size. This module holds the store itself: its options,
+its keys, and the requests on single objects and listings.
 
 Only boto3 is needed (this module also runs inside Kubernetes pods without Airflow). Credentials come from
 the arguments (an Airflow connection, resolved by the caller), a profile, an assumed role, or boto3's standard
@@ -23,21 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
-import time
-from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from airflow_stateful.core.errors import (
-    CheckpointCorruptError,
-    ObjectNotFoundError,
-    PreconditionFailedError,
-    StatefulError,
-    StoreError,
-)
+from airflow_stateful.core.errors import PreconditionFailedError, StatefulError, StoreError
 from airflow_stateful.core.stores.base import (
     Blob,
     CommonPrefix,
@@ -47,6 +41,8 @@ from airflow_stateful.core.stores.base import (
     StoredFile,
     too_large,
 )
+from airflow_stateful.core.stores.s3_download import download_ranged, download_whole
+from airflow_stateful.core.stores.s3_errors import NOT_FOUND, READ_ATTEMPTS, transit_error, translate
 from airflow_stateful.core.stores.s3_options import (
     botocore_config,
     check_assume_role,
@@ -55,58 +51,14 @@ from airflow_stateful.core.stores.s3_options import (
     check_expected_bucket_owner,
     check_verify,
 )
-from airflow_stateful.core.stores.verify import VerifiedFileWriter, copy_verified
+from airflow_stateful.core.stores.s3_upload import MAX_PARTS, upload_multipart
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
+__all__ = ["MAX_PARTS", "MIB", "READ_ATTEMPTS", "S3ObjectStore"]
+
 MIB = 1024 * 1024
-MAX_PARTS = 10_000
-_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
-_LOST_CONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
-_ACCESS = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "403"}
-_KMS = "KMS."
-
-
-READ_ATTEMPTS = 3
-"""Times a read is sent in all when its answer's body breaks off or fails its checksum on the way.
-
-botocore retries a request that failed (a reset, a timeout, a 5xx) but not one whose *body* broke afterwards:
-it hands the body over as a stream, and reading it is the caller's business. A cut connection or a body that
-fails botocore's CRC32 check (S3 returns the checksum each object was written with) says nothing about the
-stored object, so the read is sent again before anyone is told, and then told that it was the transfer."""
-
-
-def _transit_error(exc: BaseException) -> bool:
-    """Whether ``exc`` broke the transfer of an answer's body (the stored object is not judged by it)."""
-    from botocore.exceptions import (
-        ConnectionClosedError,
-        FlexibleChecksumError,
-        IncompleteReadError,
-        ReadTimeoutError,
-        ResponseStreamingError,
-    )
-
-    kinds = (
-        ConnectionClosedError,
-        FlexibleChecksumError,
-        IncompleteReadError,
-        ReadTimeoutError,
-        ResponseStreamingError,
-        _ShortRange,
-    )
-    return isinstance(exc, kinds)
-
-
-class _ShortRange(Exception):
-    """A ranged GET answered fewer (or more) bytes than the range holds: the transfer, not the object."""
-
-
-def _client_error_code(exc: Exception) -> str | None:
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return None
-    return str(response.get("Error", {}).get("Code", ""))
 
 
 class S3ObjectStore(ObjectStore):
@@ -237,53 +189,20 @@ class S3ObjectStore(ObjectStore):
     def _translate(
         self, exc: Exception, key: str, *, conditional: bool = False, reading: bool = False
     ) -> Exception:
-        """Map a botocore error to one of ours, with a message that says what to do and holds no secret.
+        """:func:`~airflow_stateful.core.stores.s3_errors.translate` with this store's bucket and endpoint.
 
-        :param reading: ``exc`` broke the body of an answer, after :data:`READ_ATTEMPTS` reads.
+        The streamed upload and download are handed this method, so their errors read like the store's own.
         """
-        code = _client_error_code(exc)
-        where = f"{self.url} (object {key!r})"
-        if code in _LOST_CONDITION:
-            return PreconditionFailedError(f"conditional write to {where} lost: the object exists or changed")
-        if code in _NOT_FOUND:
-            if conditional:
-                return PreconditionFailedError(f"conditional write to {where} lost: the object is gone")
-            return ObjectNotFoundError(f"object {key!r} does not exist in {self.url}")
-        if code == "NoSuchBucket":
-            return StoreError(
-                f"bucket {self.bucket!r} does not exist at {self.endpoint_url or 'AWS'}; "
-                "create it or fix backend_url."
-            )
-        if code in _ACCESS:
-            owner = (
-                f", and that account {self.expected_bucket_owner} owns the bucket (expected_bucket_owner)"
-                if self.expected_bucket_owner
-                else ""
-            )
-            return StoreError(
-                f"access to {where} was denied ({code}); check the credentials of the connection "
-                f"or the AWS credential chain (and the role it assumes), the bucket policy{owner}."
-            )
-        if code is not None and code.startswith(_KMS):
-            return StoreError(
-                f"S3 could not use the KMS key of {where} ({code}); check sse_kms_key_id and that the key "
-                "policy lets these credentials use it (kms:GenerateDataKey to write, kms:Decrypt to read)."
-            )
-        if code == "NotImplemented":
-            return StoreError(
-                f"the endpoint behind {self.url} does not support a request the commit protocol needs "
-                "(conditional writes: If-None-Match / If-Match); use an S3-compatible store that does."
-            )
-        if reading and code is None and _transit_error(exc):
-            return StoreError(
-                f"reading {where} failed {READ_ATTEMPTS} times in a row: the answer broke off or failed its "
-                f"checksum on the way ({type(exc).__name__}: {exc}). The bytes were not used; the stored object "
-                "was not judged by them. Check the network path to the endpoint (proxies, load balancers)."
-            )
-        if code is None:
-            name = type(exc).__name__
-            return StoreError(f"cannot reach {where}: {name}: {exc}")
-        return StoreError(f"S3 request on {where} failed: {code}: {exc}")
+        return translate(
+            exc,
+            key,
+            url=self.url,
+            bucket=self.bucket,
+            endpoint_url=self.endpoint_url,
+            expected_bucket_owner=self.expected_bucket_owner,
+            conditional=conditional,
+            reading=reading,
+        )
 
     # -- interface -----------------------------------------------------------------------------------------
     def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
@@ -312,7 +231,7 @@ class S3ObjectStore(ObjectStore):
                 raise
             except Exception as exc:
                 body.close()
-                if attempt < READ_ATTEMPTS and _transit_error(exc):
+                if attempt < READ_ATTEMPTS and transit_error(exc):
                     continue
                 raise self._translate(exc, key, reading=True) from exc
             return Blob(data=data, etag=response["ETag"])
@@ -366,131 +285,21 @@ class S3ObjectStore(ObjectStore):
             if progress:
                 progress(len(data))
             return StoredFile(key=key, size=len(data), sha256=digest.hexdigest())
-        return self._upload_multipart(key, Path(path), size, progress)
-
-    def _upload_multipart(
-        self, key: str, path: Path, size: int, progress: ProgressCallback | None
-    ) -> StoredFile:
-        full_key = self._key(key)
-        part_size = max(self.part_size, math.ceil(size / MAX_PARTS))
-        sent = time.monotonic()
-        try:
-            # Declaring CRC32 (as s3transfer does) lets the server verify each part and, on moto, spares a
-            # full re-read of the object at completion; see docs/performance.md.
-            created = self.client.create_multipart_upload(
-                Bucket=self.bucket, Key=full_key, ChecksumAlgorithm="CRC32", **self._write_args
-            )
-        except Exception as exc:
-            raise self._translate(exc, key) from exc
-        upload_id = created["UploadId"]
-        if created.get("ResponseMetadata", {}).get("RetryAttempts"):
-            self._abort_lost_creates(full_key, upload_id, window=time.monotonic() - sent + 1.0)
-        digest = hashlib.sha256()
-        total = 0
-        parts: dict[int, dict[str, str]] = {}
-
-        def send(number: int, chunk: bytes) -> None:
-            response = self.client.upload_part(
-                Bucket=self.bucket,
-                Key=full_key,
-                UploadId=upload_id,
-                PartNumber=number,
-                Body=chunk,
-                ChecksumAlgorithm="CRC32",
-                **self._owner,
-            )
-            parts[number] = {"ETag": response["ETag"], "ChecksumCRC32": response.get("ChecksumCRC32", "")}
-            if progress:
-                progress(len(chunk))
-
-        pending: deque[Future[None]] = deque()
-        try:
-            pool = self._executor()
-            with open(path, "rb") as fh:
-                number = 0
-                while chunk := fh.read(part_size):
-                    number += 1
-                    digest.update(chunk)
-                    total += len(chunk)
-                    pending.append(pool.submit(send, number, chunk))
-                    del chunk  # the future holds the only reference; memory stays bounded
-                    while len(pending) >= self.max_concurrency:
-                        pending.popleft().result()
-            while pending:
-                pending.popleft().result()
-            self._complete(key, full_key, upload_id, parts)
-        except BaseException as exc:
-            for future in pending:
-                future.cancel()
-            for future in pending:
-                if not future.cancelled():
-                    future.exception()
-            # The original error matters more than a failed abort; GC removes what is left.
-            with contextlib.suppress(Exception):
-                self.client.abort_multipart_upload(
-                    Bucket=self.bucket, Key=full_key, UploadId=upload_id, **self._owner
-                )
-            if isinstance(exc, Exception):
-                raise self._translate(exc, key, conditional=True) from exc
-            raise
-        return StoredFile(key=key, size=total, sha256=digest.hexdigest())
-
-    def _abort_lost_creates(self, full_key: str, upload_id: str, *, window: float) -> None:
-        """Abort the uploads that earlier attempts of our retried CreateMultipartUpload created.
-
-        CreateMultipartUpload is not idempotent: when an attempt lands but its answer is lost (a reset, a
-        timeout, a cut body), botocore's retry creates a second upload, and the first one's id is known to
-        nobody. Its parts would stay, billed, for ever, and no object listing (so no GC) shows them. They are
-        the uploads of this very key initiated at most ``window`` seconds (how long our call took, plus a
-        second for the store's clock resolution) before ours. Best effort: if this fails, the bucket's
-        lifecycle rule ``AbortIncompleteMultipartUpload`` (docs/reliability.md) is the backstop.
-        """
-        import datetime
-
-        with contextlib.suppress(Exception):
-            listed = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=full_key, **self._owner)
-            uploads = [u for u in listed.get("Uploads", []) if u.get("Key") == full_key]
-            ours = next((u for u in uploads if u.get("UploadId") == upload_id), None)
-            if ours is None:
-                return
-            since = ours["Initiated"] - datetime.timedelta(seconds=window)
-            for upload in uploads:
-                if upload["UploadId"] != upload_id and since <= upload["Initiated"] <= ours["Initiated"]:
-                    self.client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=full_key, UploadId=upload["UploadId"], **self._owner
-                    )
-
-    def _complete(self, key: str, full_key: str, upload_id: str, parts: dict[int, dict[str, str]]) -> None:
-        try:
-            self.client.complete_multipart_upload(
-                Bucket=self.bucket,
-                Key=full_key,
-                UploadId=upload_id,
-                MultipartUpload=cast(
-                    Any,
-                    {
-                        "Parts": [
-                            {"PartNumber": n, **{k: v for k, v in parts[n].items() if v}}
-                            for n in sorted(parts)
-                        ]
-                    },
-                ),
-                IfNoneMatch="*",
-                **self._owner,
-            )
-        except Exception as exc:
-            if _client_error_code(exc) not in _LOST_CONDITION | {"NoSuchUpload"}:
-                raise
-            # A retried completion whose first attempt landed: the object's multipart ETag (MD5 of the
-            # parts' MD5s, "-N") proves it holds exactly our parts.
-            md5s = b"".join(bytes.fromhex(parts[n]["ETag"].strip('"')) for n in sorted(parts))
-            expected = f'"{hashlib.md5(md5s, usedforsecurity=False).hexdigest()}-{len(parts)}"'
-            try:
-                actual = self.client.head_object(Bucket=self.bucket, Key=full_key, **self._owner)["ETag"]
-            except Exception:
-                raise exc from None
-            if actual != expected:
-                raise
+        return upload_multipart(
+            self.client,
+            self._executor,
+            bucket=self.bucket,
+            key=key,
+            full_key=self._key(key),
+            path=Path(path),
+            size=size,
+            part_size=self.part_size,
+            max_concurrency=self.max_concurrency,
+            owner=self._owner,
+            write_args=self._write_args,
+            translate=self._translate,
+            progress=progress,
+        )
 
     def download_file(
         self,
@@ -503,79 +312,36 @@ class S3ObjectStore(ObjectStore):
     ) -> None:
         full_key = self._key(key)
         if size <= self.part_size:
-            for attempt in range(1, READ_ATTEMPTS + 1):
-                try:
-                    body = self.client.get_object(Bucket=self.bucket, Key=full_key, **self._owner)["Body"]
-                except Exception as exc:
-                    raise self._translate(exc, key) from exc
-                try:
-                    copy_verified(
-                        body, dest, key=key, where=self.url, size=size, sha256=sha256, progress=progress
-                    )
-                except CheckpointCorruptError:
-                    # Wrong bytes twice are the object's; once may be the way (a body cut short under a
-                    # rewritten length, from an endpoint that sends no checksum): read it again first.
-                    if attempt < READ_ATTEMPTS:
-                        continue
-                    raise
-                except Exception as exc:
-                    if attempt < READ_ATTEMPTS and _transit_error(exc):
-                        continue
-                    raise self._translate(exc, key, reading=True) from exc
-                return
-
-        def fetch(start: int, end: int) -> bytes:
-            for attempt in range(1, READ_ATTEMPTS + 1):
-                try:
-                    response = self.client.get_object(
-                        Bucket=self.bucket, Key=full_key, Range=f"bytes={start}-{end}", **self._owner
-                    )
-                except Exception as exc:
-                    if _client_error_code(exc) == "InvalidRange":
-                        return b""  # shorter than recorded: the size check below names it corrupt
-                    raise
-                total = str(response.get("ContentRange", "")).rpartition("/")[2]
-                if total.isdigit() and int(total) != size:
-                    raise CheckpointCorruptError(
-                        f"object {key!r} in {self.url} is corrupt: expected {size} bytes, the store holds "
-                        f"{total}. The bytes were not used."
-                    )
-                try:
-                    data: bytes = response["Body"].read()
-                    if len(data) != end - start + 1:
-                        # The object is long enough (Content-Range says so): the answer was cut short.
-                        raise _ShortRange(f"bytes {start}-{end}: {len(data)} bytes arrived")
-                except Exception as exc:
-                    if attempt < READ_ATTEMPTS and _transit_error(exc):
-                        continue
-                    raise self._translate(exc, key, reading=True) from exc
-                return data
-            raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
-
-        ranges = [(start, min(start + self.part_size, size) - 1) for start in range(0, size, self.part_size)]
-        pending: deque[Future[bytes]] = deque()
-        pool = self._executor()
-        try:
-            with VerifiedFileWriter(
-                dest, key=key, where=self.url, size=size, sha256=sha256, progress=progress
-            ) as writer:
-                todo = iter(ranges)
-                for start, end in todo:
-                    pending.append(pool.submit(fetch, start, end))
-                    if len(pending) >= self.max_concurrency:
-                        break
-                while pending:
-                    writer.write(pending.popleft().result())
-                    nxt = next(todo, None)
-                    if nxt is not None:
-                        pending.append(pool.submit(fetch, *nxt))
-        except StatefulError:
-            raise
-        except Exception as exc:
-            raise self._translate(exc, key) from exc
-        finally:
-            for future in pending:
-                future.cancel()
+            download_whole(
+                self.client,
+                bucket=self.bucket,
+                key=key,
+                full_key=full_key,
+                url=self.url,
+                dest=dest,
+                size=size,
+                sha256=sha256,
+                owner=self._owner,
+                translate=self._translate,
+                progress=progress,
+            )
+            return
+        download_ranged(
+            self.client,
+            self._executor,
+            bucket=self.bucket,
+            key=key,
+            full_key=full_key,
+            url=self.url,
+            dest=dest,
+            size=size,
+            sha256=sha256,
+            part_size=self.part_size,
+            max_concurrency=self.max_concurrency,
+            owner=self._owner,
+            translate=self._translate,
+            progress=progress,
+        )
 
     def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
         full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
@@ -647,7 +413,7 @@ class S3ObjectStore(ObjectStore):
             raise self._translate(
                 exc, full_keys[0][len(self.prefix) + 1 :] if self.prefix else full_keys[0]
             ) from exc
-        errors = [e for e in response.get("Errors", []) if e.get("Code") not in _NOT_FOUND]
+        errors = [e for e in response.get("Errors", []) if e.get("Code") not in NOT_FOUND]
         if errors:
             first = errors[0]
             raise StoreError(

@@ -1,0 +1,152 @@
+"""The verified download of a stored file: one GET for a small one, parallel ranged GETs for a large one.
+
+Either way the bytes go through :mod:`~airflow_stateful.core.stores.verify`, so ``dest`` appears only when
+size and SHA-256 match what the manifest recorded. A large file is fetched in ``part_size`` ranges, up to
+``max_concurrency`` at once, and hashed in order as they arrive; memory stays at about ``max_concurrency``
+ranges whatever the file size.
+
+A read whose answer broke on the way (:func:`~airflow_stateful.core.stores.s3_errors.transit_error`) is sent
+again, up to :data:`~airflow_stateful.core.stores.s3_errors.READ_ATTEMPTS` times, before anyone is told: the
+transfer is not the stored object. The store (:class:`~airflow_stateful.core.stores.s3.S3ObjectStore`) hands
+over its client, its bucket and its request arguments.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_stateful.core.errors import CheckpointCorruptError, StatefulError
+from airflow_stateful.core.stores.base import ProgressCallback
+from airflow_stateful.core.stores.s3_errors import (
+    READ_ATTEMPTS,
+    ShortRange,
+    Translate,
+    client_error_code,
+    transit_error,
+)
+from airflow_stateful.core.stores.verify import VerifiedFileWriter, copy_verified
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+
+def download_whole(
+    client: S3Client,
+    *,
+    bucket: str,
+    key: str,
+    full_key: str,
+    url: str,
+    dest: Path,
+    size: int,
+    sha256: str,
+    owner: Mapping[str, Any],
+    translate: Translate,
+    progress: ProgressCallback | None,
+) -> None:
+    """Download ``full_key`` with one GET to ``dest``, published only if it has ``size`` bytes and ``sha256``.
+
+    :param key: the store's key, named in errors; ``full_key`` is the bucket's (the store's prefix added).
+    :param url: the store's ``s3://bucket/prefix``, named in errors.
+    :param owner: the ``ExpectedBucketOwner`` argument (or none), sent with every request.
+    :param translate: the store's error translation.
+    """
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            body = client.get_object(Bucket=bucket, Key=full_key, **owner)["Body"]
+        except Exception as exc:
+            raise translate(exc, key) from exc
+        try:
+            copy_verified(body, dest, key=key, where=url, size=size, sha256=sha256, progress=progress)
+        except CheckpointCorruptError:
+            # Wrong bytes twice are the object's; once may be the way (a body cut short under a
+            # rewritten length, from an endpoint that sends no checksum): read it again first.
+            if attempt < READ_ATTEMPTS:
+                continue
+            raise
+        except Exception as exc:
+            if attempt < READ_ATTEMPTS and transit_error(exc):
+                continue
+            raise translate(exc, key, reading=True) from exc
+        return
+
+
+def download_ranged(
+    client: S3Client,
+    executor: Callable[[], ThreadPoolExecutor],
+    *,
+    bucket: str,
+    key: str,
+    full_key: str,
+    url: str,
+    dest: Path,
+    size: int,
+    sha256: str,
+    part_size: int,
+    max_concurrency: int,
+    owner: Mapping[str, Any],
+    translate: Translate,
+    progress: ProgressCallback | None,
+) -> None:
+    """Download ``full_key`` in ``part_size`` ranges, in parallel, to ``dest``, published only if it verifies.
+
+    The parameters are :func:`download_whole`'s, with the store's thread pool (``executor``), its
+    ``part_size`` (the size of a range) and ``max_concurrency`` (ranges in flight at once).
+    """
+
+    def fetch(start: int, end: int) -> bytes:
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                response = client.get_object(
+                    Bucket=bucket, Key=full_key, Range=f"bytes={start}-{end}", **owner
+                )
+            except Exception as exc:
+                if client_error_code(exc) == "InvalidRange":
+                    return b""  # shorter than recorded: the size check below names it corrupt
+                raise
+            total = str(response.get("ContentRange", "")).rpartition("/")[2]
+            if total.isdigit() and int(total) != size:
+                raise CheckpointCorruptError(
+                    f"object {key!r} in {url} is corrupt: expected {size} bytes, the store holds "
+                    f"{total}. The bytes were not used."
+                )
+            try:
+                data: bytes = response["Body"].read()
+                if len(data) != end - start + 1:
+                    # The object is long enough (Content-Range says so): the answer was cut short.
+                    raise ShortRange(f"bytes {start}-{end}: {len(data)} bytes arrived")
+            except Exception as exc:
+                if attempt < READ_ATTEMPTS and transit_error(exc):
+                    continue
+                raise translate(exc, key, reading=True) from exc
+            return data
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    ranges = [(start, min(start + part_size, size) - 1) for start in range(0, size, part_size)]
+    pending: deque[Future[bytes]] = deque()
+    pool = executor()
+    try:
+        with VerifiedFileWriter(
+            dest, key=key, where=url, size=size, sha256=sha256, progress=progress
+        ) as writer:
+            todo = iter(ranges)
+            for start, end in todo:
+                pending.append(pool.submit(fetch, start, end))
+                if len(pending) >= max_concurrency:
+                    break
+            while pending:
+                writer.write(pending.popleft().result())
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append(pool.submit(fetch, *nxt))
+    except StatefulError:
+        raise
+    except Exception as exc:
+        raise translate(exc, key) from exc
+    finally:
+        for future in pending:
+            future.cancel()
