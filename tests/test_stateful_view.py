@@ -41,8 +41,8 @@ from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.timestamps import parse_iso
 from airflow_stateful.plugins import stateful_view
 from airflow_stateful.plugins.stateful_view import StatefulPlugin
-from airflow_stateful.plugins.view_app import WorkGate, create_app
-from airflow_stateful.plugins.view_rows import Bounds, human_age
+from airflow_stateful.plugins.view.app import WorkGate, create_app
+from airflow_stateful.plugins.view.rows import Bounds, human_age
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts"
@@ -393,7 +393,7 @@ def test_a_user_of_some_dags_lists_only_their_folders() -> None:
     """A user who may read two DAGs makes the server list those two DAGs' folders, never the whole backend."""
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
-    from airflow_stateful.plugins.view_access import Viewer
+    from airflow_stateful.plugins.view.access import Viewer
 
     user = SimpleAuthManagerUser(username="v", role="viewer")
     some = Viewer(

@@ -4,22 +4,22 @@
 * ``GET /stateful/api/identities?prefix=&limit=``: one summary per identity;
 * ``GET /stateful/api/identities/{key}/history``: the kept checkpoints of one identity, newest first;
 * ``GET /stateful/ti/{dag_id}/{run_id}/{task_id}?map_index=N`` (and ``/stateful/api/ti/...``): the Checkpoints
-  tab of a task instance (status, lease, kept history, outputs, progress chart), :mod:`.view_task`;
+  tab of a task instance (status, lease, kept history, outputs, progress chart), :mod:`.task`;
 * ``GET /stateful/run/{dag_id}/{run_id}`` (and ``/stateful/api/run/...``): the Checkpoints tab of a DAG run,
-  :mod:`.view_run`.
+  :mod:`.run`.
 
 ``/`` and ``/api/identities`` take ``status=`` (``active``, ``stuck``, ``dead``, ``idle``, or several separated
 by commas): the rows of the listing whose :func:`~airflow_stateful.core.fleet.status.work_status` is one of them.
 
 Every route needs an authenticated user (a bearer token, or the session cookie the UI sets at login) and
-shows only identities of DAGs that user may read (:mod:`.view_access`). There are no write actions.
+shows only identities of DAGs that user may read (:mod:`.access`). There are no write actions.
 
 Hardening, because a head record is input from whoever can write the bucket: the page is a Jinja2 template
 with autoescape; every response carries a Content-Security-Policy without scripts (the one inline stylesheet
 is allowed by its hash), ``nosniff``, and frame rules that let only Airflow's own UI (same origin) show it in
 its frame. ``prefix`` and identity keys are checked (400 naming the value) before the store is touched. The
 store is read on the view's own two threads, never on the api-server's shared thread pool (see
-:class:`WorkGate`), and each listing is bounded (:class:`.view_rows.Bounds`).
+:class:`WorkGate`), and each listing is bounded (:class:`.rows.Bounds`).
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ from airflow_stateful.core.protocol.heads import HeadStore
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.stores.base import ObjectStore
-from airflow_stateful.plugins.view_access import Viewer, ViewerDep, checked_identity, checked_prefix
-from airflow_stateful.plugins.view_rows import Bounds, Entry, Listing, collect, history_of
-from airflow_stateful.plugins.view_run import dag_run_tab
-from airflow_stateful.plugins.view_task import TabView, run_path, task_instance_tab, ti_path
-from airflow_stateful.plugins.view_urls import URL_PREFIX
+from airflow_stateful.plugins.view.access import Viewer, ViewerDep, checked_identity, checked_prefix
+from airflow_stateful.plugins.view.rows import Bounds, Entry, Listing, collect, history_of
+from airflow_stateful.plugins.view.run import dag_run_tab
+from airflow_stateful.plugins.view.task import TabView, run_path, task_instance_tab, ti_path
+from airflow_stateful.plugins.view.urls import URL_PREFIX
 
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 2000

@@ -2,9 +2,9 @@
 
 The DAG's task folders come from one delimited listing (``<dag_id>/`` with delimiter ``/``: one entry per task,
 however much state it holds), then each folder's identities of this run (``<task_id>/run=<run_id>/``) and the
-named identities this run works on (:func:`.view_task.named_matches`). Rows link to the task instance's own
+named identities this run works on (:func:`.task.named_matches`). Rows link to the task instance's own
 page of the view (in the same frame: Airflow's sandbox lets no link leave it). Bounded like every page of the
-view (:class:`.view_task.Budget`); a row whose head cannot be read says why.
+view (:class:`.task.Budget`); a row whose head cannot be read says why.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from airflow_stateful.core.fleet.status import work_status
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.records.identity import RUN_SCOPE, Identity, encode_segment
 from airflow_stateful.core.stores.base import CommonPrefix, ObjectStore
-from airflow_stateful.plugins.view_rows import Bounds, human_age, when
-from airflow_stateful.plugins.view_task import (
+from airflow_stateful.plugins.view.rows import Bounds, human_age, when
+from airflow_stateful.plugins.view.task import (
     Budget,
     Found,
     Stop,

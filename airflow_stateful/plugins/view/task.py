@@ -1,5 +1,5 @@
 """The Checkpoints tab of a task instance: what the view reads for it, within bounds (the DAG run's tab,
-:mod:`.view_run`, is built on the same readers).
+:mod:`.run`, is built on the same readers).
 
 A task instance's state lives under ``Identity.for_task(dag_id, task_id, map_index, run_id)``: its key follows
 from the URL. State kept across runs under a *name* (``name="nightly-watermark"``) cannot be derived from the
@@ -11,7 +11,7 @@ those that ride outside their head. A named identity a later run has written to 
 Like the listing, everything read is untrusted (anyone who can write the bucket can write a head or a manifest):
 records are parsed with their typed readers, a manifest outside its head is checked against the size and
 SHA-256 its head entry records, and the page only shows strings built here (escaped by the template). Every
-request is bounded: the listing's object count and wall time (:class:`.view_rows.Bounds`), at most
+request is bounded: the listing's object count and wall time (:class:`.rows.Bounds`), at most
 :data:`MAX_MANIFESTS` manifest objects of at most :data:`MANIFEST_MAX_BYTES` each; what was not read is
 shown as such.
 """
@@ -36,8 +36,8 @@ from airflow_stateful.core.records.identity import NAMED_SCOPE, Identity, encode
 from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import parse_iso
-from airflow_stateful.plugins.view_chart import Chart, LeaseMarks, Point, build_chart
-from airflow_stateful.plugins.view_rows import Bounds, human_age, when
+from airflow_stateful.plugins.view.chart import Chart, LeaseMarks, Point, build_chart
+from airflow_stateful.plugins.view.rows import Bounds, human_age, when
 
 MANIFEST_MAX_BYTES = 1024 * 1024
 """A manifest object larger than this is not read by the view (format-1 checkpoints list every file in it)."""

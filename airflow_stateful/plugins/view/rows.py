@@ -29,7 +29,7 @@ from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import parse_iso
-from airflow_stateful.plugins.view_urls import URL_PREFIX
+from airflow_stateful.plugins.view.urls import URL_PREFIX
 
 
 def human_age(seconds: float) -> str:
