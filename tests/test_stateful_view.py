@@ -288,6 +288,30 @@ def test_without_a_token_every_route_is_401_and_reads_nothing(
     assert client.get("/api/identities", headers=forged).status_code in (401, 403)
 
 
+def test_every_route_of_the_app_depends_on_the_auth_managers_viewer(local_store: ObjectStore) -> None:
+    """The routes are methods of one object that create_app lists; each must still take the viewer, so a route
+    added without it (and so outside Airflow's auth manager) fails here, not in production."""
+    from fastapi.routing import APIRoute
+
+    from airflow_stateful.plugins.view.access import current_viewer
+
+    def calls(dependant: Any) -> set[Any]:
+        return {dependant.call} | {c for d in dependant.dependencies for c in calls(d)}
+
+    routes = [r for r in create_app(local_store).routes if isinstance(r, APIRoute)]
+    assert [r.path for r in routes] == [
+        "/",
+        "/api/identities",
+        "/ti/{path:path}",
+        "/api/ti/{path:path}",
+        "/run/{path:path}",
+        "/api/run/{path:path}",
+        "/api/identities/{key:path}/history",
+    ]
+    for route in routes:
+        assert current_viewer in calls(route.dependant), route.path
+
+
 SCRIPT = "<script>alert(1)</script>"
 
 

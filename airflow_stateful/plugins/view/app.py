@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlencode, urlparse
+from urllib.parse import urlencode, urlparse
 
 from airflow.api_fastapi.app import get_auth_manager
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -45,14 +44,21 @@ from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_stateful.core.errors import IdentityError, StatefulError
+from airflow_stateful.core.errors import StatefulError
 from airflow_stateful.core.fleet.status import STATUSES
 from airflow_stateful.core.protocol.heads import HeadStore
 from airflow_stateful.core.records.heads import HeadRecord
-from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.plugins.view.access import Viewer, ViewerDep, checked_identity, checked_prefix
-from airflow_stateful.plugins.view.rows import Bounds, Entry, Listing, collect, history_of
+from airflow_stateful.plugins.view.params import (
+    checked_task,
+    parsed_map_index,
+    parsed_statuses,
+    path_segments,
+    raw_key,
+    view_root,
+)
+from airflow_stateful.plugins.view.rows import Bounds, Entry, Listing, collect, history_of, status_of
 from airflow_stateful.plugins.view.run import dag_run_tab
 from airflow_stateful.plugins.view.task import TabView, run_path, task_instance_tab, ti_path
 from airflow_stateful.plugins.view.urls import URL_PREFIX
@@ -131,86 +137,11 @@ def _airflow_base(request: Request) -> str:
     return root[: -len(URL_PREFIX)] if root.endswith(URL_PREFIX) else ""
 
 
-def _raw_key(request: Request, decoded: str) -> str:
-    """The identity key exactly as the client escaped it.
-
-    Identity keys hold percent-escapes themselves (``run=scheduled__2026%3A...``), so a client sends them
-    with ``%`` escaped as ``%25``. Starlette hands path parameters over decoded one level too far in some
-    stacks; the raw path is unambiguous, so the key is cut from it and unescaped exactly once.
-    """
-    raw = request.scope.get("raw_path")
-    marker, suffix = "/api/identities/", "/history"
-    if isinstance(raw, bytes):
-        path = raw.decode("latin-1").split("?", 1)[0]
-        if marker in path and path.endswith(suffix):
-            return unquote(path[path.rindex(marker) + len(marker) : -len(suffix)])
-    return decoded
-
-
 def configured_interval() -> timedelta:
     """``[stateful] expected_checkpoint_interval``: when a lease holder that declared none counts as stuck."""
     from airflow_stateful.config import load_settings
 
     return timedelta(seconds=load_settings().expected_checkpoint_interval)
-
-
-def _view_root(request: Request) -> str:
-    """Where this app is mounted (``/stateful``, or ``/airflow/stateful`` under a base path)."""
-    return str(request.scope.get("root_path") or "").rstrip("/")
-
-
-def _segments(request: Request, marker: tuple[str, ...], count: int) -> list[str]:
-    """The ``count`` path segments after ``<root>/<marker...>/``, each unescaped exactly once.
-
-    Cut from the raw path, like identity keys: a run id may hold ``/`` (escaped ``%2F`` by the UI), which the
-    decoded path would split. 404 unless there are exactly ``count`` non-empty segments.
-    """
-    raw = request.scope.get("raw_path")
-    path = raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
-    parts = path.split("?", 1)[0].split("/")
-    start = _view_root(request).count("/") + 1 + len(marker)
-    if (
-        tuple(parts[start - len(marker) : start]) != marker
-        or len(parts) != start + count
-        or "" in parts[start:]
-    ):
-        raise HTTPException(status_code=404, detail="not found")
-    return [unquote(part) for part in parts[start:]]
-
-
-def _map_index(value: str) -> int:
-    """``map_index=``: an integer >= -1; empty or the UI's unreplaced ``{MAP_INDEX}`` (an unmapped task
-    instance, whose page has no map index to put there) is -1."""
-    if value in ("", "{MAP_INDEX}"):
-        return -1
-    if not re.fullmatch(r"-?[0-9]{1,9}", value) or int(value) < -1:
-        raise HTTPException(status_code=400, detail=f"map_index {value!r} is not an integer >= -1")
-    return int(value)
-
-
-def _checked_task(dag_id: str, run_id: str, task_id: str, map_index: int) -> None:
-    """400 naming the value unless these make a valid identity key (checked before anything else)."""
-    try:
-        Identity.for_task(dag_id=dag_id, task_id=task_id, map_index=map_index, run_id=run_id)
-    except IdentityError as exc:
-        raise HTTPException(status_code=400, detail=f"not a task instance: {exc}") from None
-
-
-def _statuses(value: str) -> frozenset[str]:
-    """``status=``: statuses separated by commas (empty: every status), else 400 naming the value."""
-    wanted = frozenset(part.strip() for part in value.split(",") if part.strip())
-    unknown = sorted(wanted - set(STATUSES))
-    if unknown:
-        raise HTTPException(
-            status_code=400,
-            detail=f"status {value!r} is not one of {', '.join(STATUSES)} (separate several with commas)",
-        )
-    return wanted
-
-
-def _status_of(entry: Entry) -> str | None:
-    status = entry.row.get("status")
-    return str(status["status"]) if isinstance(status, dict) else None
 
 
 def _safe_url(url: str) -> str:
@@ -219,6 +150,278 @@ def _safe_url(url: str) -> str:
     if parsed.username or parsed.password:
         return parsed._replace(netloc=parsed.hostname or "").geturl()
     return url
+
+
+def listing_href(prefix: str, limit: int, status: str) -> str:
+    """The listing's own link with ``status`` (``""``: every status), keeping ``prefix`` and a non-default
+    ``limit``; ``./`` when there is nothing to keep."""
+    params: dict[str, str | int] = {"prefix": prefix} if prefix else {}
+    if limit != DEFAULT_LIMIT:
+        params["limit"] = limit
+    if status:
+        params["status"] = status
+    return f"?{urlencode(params)}" if params else "./"
+
+
+def status_counts(entries: list[Entry]) -> dict[str, int]:
+    """How many of ``entries`` have each status (error rows have none)."""
+    return {name: sum(status_of(e) == name for e in entries) for name in STATUSES}
+
+
+def status_filters(
+    entries: list[Entry], prefix: str, limit: int, wanted: frozenset[str]
+) -> list[dict[str, Any]]:
+    """The page's status filters: "all", then each status, with its count and link, and whether it is on."""
+    counts = status_counts(entries)
+    filters = [
+        {"label": "all", "count": len(entries), "href": listing_href(prefix, limit, ""), "on": not wanted}
+    ]
+    filters += [
+        {
+            "label": name,
+            "count": counts[name],
+            "href": listing_href(prefix, limit, name),
+            "on": wanted == {name},
+        }
+        for name in STATUSES
+    ]
+    return filters
+
+
+def use_airflow_auth_manager(app: FastAPI) -> None:
+    """Hand Airflow's security dependencies the api-server's auth manager.
+
+    They find it on ``request.app.state``, which is the api-server's app for its own routes but this app for
+    ours. Airflow 3.3 has the dependency to override; 3.1 and 3.2 call ``get_auth_manager()`` directly.
+    """
+    try:
+        from airflow.api_fastapi.core_api.security import auth_manager_from_app
+    except ImportError:
+        pass
+    else:
+        app.dependency_overrides[auth_manager_from_app] = get_auth_manager
+
+
+async def security_headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
+    """Middleware: :data:`SECURITY_HEADERS` on every response, errors included."""
+    response: Response = await call_next(request)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+async def error_page(request: Request, exc: StarletteHTTPException) -> Response:
+    """Browsers get a small page (with a login link on 401); API clients Airflow's usual JSON."""
+    if "text/html" not in request.headers.get("accept", ""):
+        return await http_exception_handler(request, exc)
+    login = None
+    if exc.status_code == 401:
+        login = get_auth_manager().get_url_login(next_url=str(request.url))
+    body = _ENV.get_template("error.html").render(
+        css=_CSS, status=exc.status_code, detail=str(exc.detail), login_href=login
+    )
+    return HTMLResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+TabLoad = Callable[[], tuple[TabView, dict[str, Any]]]
+"""The work that reads a tab and returns it with its page's context (run by the work gate)."""
+
+
+class View:
+    """What the routes of one app share (the store, the clock, the bounds, the work gate), and the routes.
+
+    The routes are methods so that :func:`create_app` reads as the list of them. Each one takes ``viewer:
+    ViewerDep``: none answers without Airflow's auth manager (:mod:`.access`), and each checks what it is
+    asked (400) and whether the viewer may read it (403) before the store is touched.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore | Callable[[], ObjectStore] | None,
+        *,
+        clock: Callable[[], float],
+        bounds: Bounds | None,
+        gate: WorkGate | None,
+        default_interval: timedelta | None,
+    ) -> None:
+        self._store = store
+        self.clock = clock
+        self.bounds = bounds or Bounds()
+        self.work = gate or WorkGate()
+        self._lock = threading.Lock()
+        self._opened: ObjectStore | None = None
+        self._interval = default_interval
+
+    def store(self) -> ObjectStore:
+        """The store, opened on the first request that reads it (never at import: Airflow imports plugins
+        while it starts up); a factory that fails is asked again by the next request."""
+        with self._lock:
+            if self._opened is None:
+                store = self._store
+                self._opened = store if isinstance(store, ObjectStore) else (store or configured_store)()
+            return self._opened
+
+    def interval(self) -> timedelta:
+        """When a lease holder that declared no interval counts as stuck, read on the first request."""
+        with self._lock:
+            if self._interval is None:
+                self._interval = configured_interval()
+            return self._interval
+
+    def backend_url(self, viewer: Viewer) -> str | None:
+        return _safe_url(self.store().url) if viewer.reads_configuration else None
+
+    def listing(self, viewer: Viewer, prefix: str, limit: int, base: str) -> Listing:
+        return collect(
+            self.store(),
+            prefixes=viewer.scan_prefixes(prefix),
+            may_read=viewer.may_read,
+            bounds=replace(self.bounds, limit=limit),
+            now=self.clock(),
+            base=base,
+            default_interval=self.interval(),
+        )
+
+    def tab_work(self, read: Callable[..., TabView], context: dict[str, Any], **where: Any) -> TabLoad:
+        """The work that reads a tab, ``read(store, **where, now=, default_interval=, bounds=)``, and returns it
+        with the page's ``context``."""
+
+        def load() -> tuple[TabView, dict[str, Any]]:
+            tab = read(
+                self.store(), **where, now=self.clock(), default_interval=self.interval(), bounds=self.bounds
+            )
+            return tab, context
+
+        return load
+
+    def ti_tab(self, viewer: Viewer, request: Request, map_index: str, *, api: bool = False) -> TabLoad:
+        """Check the request (400, then 403) and return the work that reads the task instance's tab."""
+        dag_id, run_id, task_id = path_segments(request, ("api", "ti") if api else ("ti",), 3)
+        index = parsed_map_index(map_index)
+        checked_task(dag_id, run_id, task_id, index)
+        viewer.require_dag(dag_id)
+        root = view_root(request)
+        context = {
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "task": task_id if index == -1 else f"{task_id} [{index}]",
+            "run_href": run_path(root, dag_id, run_id),
+            "json_href": ti_path(f"{root}/api", dag_id, run_id, task_id, index),
+        }
+        return self.tab_work(
+            task_instance_tab, context, dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=index
+        )
+
+    def run_tab(self, viewer: Viewer, request: Request, *, api: bool = False) -> TabLoad:
+        """Check the request (400, then 403) and return the work that reads the DAG run's tab."""
+        dag_id, run_id = path_segments(request, ("api", "run") if api else ("run",), 2)
+        checked_task(dag_id, run_id, "-", -1)
+        viewer.require_dag(dag_id)
+        root = view_root(request)
+        context = {"dag_id": dag_id, "run_id": run_id, "json_href": run_path(f"{root}/api", dag_id, run_id)}
+        return self.tab_work(dag_run_tab, context, dag_id=dag_id, run_id=run_id, root=root)
+
+    async def tab_page(self, template: str, load: TabLoad) -> HTMLResponse:
+        """A tab's page: ``load`` read and rendered with ``template`` by the work gate."""
+
+        def render() -> str:
+            tab, context = load()
+            return _ENV.get_template(template).render(css=_CSS, tab=tab, **context)
+
+        return HTMLResponse(await self.work.run(render))
+
+    async def tab_json(self, load: TabLoad) -> dict[str, Any]:
+        """A tab's JSON body, read by the work gate."""
+        tab, _ = await self.work.run(load)
+        return tab.body
+
+    # -- the routes ------------------------------------------------------------------------------------------
+
+    async def page(
+        self,
+        request: Request,
+        viewer: ViewerDep,
+        prefix: str = "",
+        limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT),
+        status: str = "",
+    ) -> HTMLResponse:
+        """``GET /``: the listing's page."""
+        prefix = checked_prefix(prefix)
+        wanted = parsed_statuses(status)
+        base = _airflow_base(request)
+
+        def render() -> str:
+            found = self.listing(viewer, prefix, limit, base)
+            shown = [e for e in found.entries if not wanted or status_of(e) in wanted]
+            json_query = listing_href(prefix, limit, ",".join(sorted(wanted)))
+            return _ENV.get_template("stateful.html").render(
+                css=_CSS,
+                entries=shown,
+                listed=len(found.entries),
+                filters=status_filters(found.entries, prefix, limit, wanted),
+                status=", ".join(sorted(wanted)),
+                truncated=found.truncated,
+                backend_url=self.backend_url(viewer),
+                prefix=prefix,
+                json_href="api/identities" + (json_query if json_query.startswith("?") else ""),
+            )
+
+        return HTMLResponse(await self.work.run(render))
+
+    async def identities(
+        self,
+        request: Request,
+        viewer: ViewerDep,
+        prefix: str = "",
+        limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT),
+        status: str = "",
+    ) -> dict[str, Any]:
+        """``GET /api/identities``: the listing's JSON."""
+        prefix = checked_prefix(prefix)
+        wanted = parsed_statuses(status)
+        base = _airflow_base(request)
+
+        def answer() -> dict[str, Any]:
+            found = self.listing(viewer, prefix, limit, base)
+            return {
+                "backend_url": self.backend_url(viewer),
+                "identities": [e.row for e in found.entries if not wanted or status_of(e) in wanted],
+                "status_counts": status_counts(found.entries),
+                "truncated": found.truncated,
+            }
+
+        return await self.work.run(answer)
+
+    async def task_instance_page(
+        self, path: str, request: Request, viewer: ViewerDep, map_index: str = "-1"
+    ) -> HTMLResponse:
+        return await self.tab_page("task.html", self.ti_tab(viewer, request, map_index))
+
+    async def task_instance_api(
+        self, path: str, request: Request, viewer: ViewerDep, map_index: str = "-1"
+    ) -> dict[str, Any]:
+        return await self.tab_json(self.ti_tab(viewer, request, map_index, api=True))
+
+    async def dag_run_page(self, path: str, request: Request, viewer: ViewerDep) -> HTMLResponse:
+        return await self.tab_page("run.html", self.run_tab(viewer, request))
+
+    async def dag_run_api(self, path: str, request: Request, viewer: ViewerDep) -> dict[str, Any]:
+        return await self.tab_json(self.run_tab(viewer, request, api=True))
+
+    async def history(self, key: str, request: Request, viewer: ViewerDep) -> dict[str, Any]:
+        """``GET /api/identities/{key}/history``: the kept checkpoints of one identity, newest first."""
+        identity = checked_identity(raw_key(request, key))
+        viewer.require(identity)
+
+        def load() -> HeadRecord | None:
+            try:
+                return HeadStore(store=self.store(), identity=identity).load()[0]
+            except StatefulError as exc:  # a corrupt or forged head: say so, as the page's error rows do
+                raise HTTPException(status_code=500, detail=f"{type(exc).__name__}: {exc}") from None
+
+        head = await self.work.run(load)
+        if head is None:
+            raise HTTPException(status_code=404, detail=f"identity {identity.key!r} has no state")
+        return {"identity": identity.key, "epoch": head.epoch, "checkpoints": history_of(head)}
 
 
 def create_app(
@@ -239,227 +442,17 @@ def create_app(
     :param default_interval: when a lease holder that declared no ``expected_checkpoint_interval`` counts as
         stuck; default: ``[stateful] expected_checkpoint_interval``, read on the first request.
     """
+    view = View(store, clock=clock, bounds=bounds, gate=gate, default_interval=default_interval)
     app = FastAPI(title="Stateful checkpoints", docs_url=None, redoc_url=None, openapi_url=None)
-    # Airflow's dependencies find the auth manager on ``request.app.state``, which is the api-server's app
-    # for its own routes but this app for ours: hand them the api-server's auth manager instead.
-    try:  # Airflow 3.3; 3.1 and 3.2 call get_auth_manager() directly
-        from airflow.api_fastapi.core_api.security import auth_manager_from_app
-    except ImportError:
-        pass
-    else:
-        app.dependency_overrides[auth_manager_from_app] = get_auth_manager
-    work = gate or WorkGate()
-    limits = bounds or Bounds()
-    opened: list[ObjectStore] = []
-    open_lock = threading.Lock()
-
-    def get_store() -> ObjectStore:
-        with open_lock:
-            if not opened:
-                opened.append(store if isinstance(store, ObjectStore) else (store or configured_store)())
-            return opened[0]
-
-    intervals: list[timedelta] = [default_interval] if default_interval is not None else []
-
-    def interval() -> timedelta:
-        with open_lock:
-            if not intervals:
-                intervals.append(configured_interval())
-            return intervals[0]
-
-    def backend_url(viewer: Viewer) -> str | None:
-        return _safe_url(get_store().url) if viewer.reads_configuration else None
-
-    def listing(viewer: Viewer, prefix: str, limit: int, base: str) -> Listing:
-        return collect(
-            get_store(),
-            prefixes=viewer.scan_prefixes(prefix),
-            may_read=viewer.may_read,
-            bounds=replace(limits, limit=limit),
-            now=clock(),
-            base=base,
-            default_interval=interval(),
-        )
-
-    def tab_work(
-        read: Callable[..., TabView], context: dict[str, Any], **where: Any
-    ) -> Callable[[], tuple[TabView, dict[str, Any]]]:
-        """The work that reads a tab, ``read(store, **where, now=, default_interval=, bounds=)``, and returns it
-        with the page's ``context``."""
-
-        def load() -> tuple[TabView, dict[str, Any]]:
-            tab = read(get_store(), **where, now=clock(), default_interval=interval(), bounds=limits)
-            return tab, context
-
-        return load
-
-    def ti_tab(
-        viewer: Viewer, request: Request, map_index: str, *, api: bool = False
-    ) -> Callable[[], tuple[TabView, dict[str, Any]]]:
-        """Check the request (400, then 403) and return the work that reads the task instance's tab."""
-        dag_id, run_id, task_id = _segments(request, ("api", "ti") if api else ("ti",), 3)
-        index = _map_index(map_index)
-        _checked_task(dag_id, run_id, task_id, index)
-        viewer.require_dag(dag_id)
-        root = _view_root(request)
-        context = {
-            "dag_id": dag_id,
-            "run_id": run_id,
-            "task": task_id if index == -1 else f"{task_id} [{index}]",
-            "run_href": run_path(root, dag_id, run_id),
-            "json_href": ti_path(f"{root}/api", dag_id, run_id, task_id, index),
-        }
-        return tab_work(
-            task_instance_tab, context, dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=index
-        )
-
-    def run_tab(
-        viewer: Viewer, request: Request, *, api: bool = False
-    ) -> Callable[[], tuple[TabView, dict[str, Any]]]:
-        """Check the request (400, then 403) and return the work that reads the DAG run's tab."""
-        dag_id, run_id = _segments(request, ("api", "run") if api else ("run",), 2)
-        _checked_task(dag_id, run_id, "-", -1)
-        viewer.require_dag(dag_id)
-        root = _view_root(request)
-        context = {"dag_id": dag_id, "run_id": run_id, "json_href": run_path(f"{root}/api", dag_id, run_id)}
-        return tab_work(dag_run_tab, context, dag_id=dag_id, run_id=run_id, root=root)
-
-    async def tab_page(template: str, load: Callable[[], tuple[TabView, dict[str, Any]]]) -> HTMLResponse:
-        """A tab's page: ``load`` read and rendered with ``template`` by the work gate."""
-
-        def render() -> str:
-            tab, context = load()
-            return _ENV.get_template(template).render(css=_CSS, tab=tab, **context)
-
-        return HTMLResponse(await work.run(render))
-
-    async def tab_json(load: Callable[[], tuple[TabView, dict[str, Any]]]) -> dict[str, Any]:
-        """A tab's JSON body, read by the work gate."""
-        tab, _ = await work.run(load)
-        return tab.body
-
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        response: Response = await call_next(request)
-        response.headers.update(SECURITY_HEADERS)
-        return response
-
-    @app.exception_handler(StarletteHTTPException)
-    async def errors(request: Request, exc: StarletteHTTPException) -> Response:
-        """Browsers get a small page (with a login link on 401); API clients Airflow's usual JSON."""
-        if "text/html" not in request.headers.get("accept", ""):
-            return await http_exception_handler(request, exc)
-        login = None
-        if exc.status_code == 401:
-            login = get_auth_manager().get_url_login(next_url=str(request.url))
-        body = _ENV.get_template("error.html").render(
-            css=_CSS, status=exc.status_code, detail=str(exc.detail), login_href=login
-        )
-        return HTMLResponse(body, status_code=exc.status_code, headers=exc.headers)
-
-    @app.get("/", response_class=HTMLResponse)
-    async def page(
-        request: Request,
-        viewer: ViewerDep,
-        prefix: str = "",
-        limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT),
-        status: str = "",
-    ) -> HTMLResponse:
-        prefix = checked_prefix(prefix)
-        wanted = _statuses(status)
-        base = _airflow_base(request)
-
-        def href(status_value: str) -> str:
-            params: dict[str, str | int] = {"prefix": prefix} if prefix else {}
-            if limit != DEFAULT_LIMIT:
-                params["limit"] = limit
-            if status_value:
-                params["status"] = status_value
-            return f"?{urlencode(params)}" if params else "./"
-
-        def render() -> str:
-            found = listing(viewer, prefix, limit, base)
-            counts = {name: sum(_status_of(e) == name for e in found.entries) for name in STATUSES}
-            shown = [e for e in found.entries if not wanted or _status_of(e) in wanted]
-            filters = [{"label": "all", "count": len(found.entries), "href": href(""), "on": not wanted}]
-            filters += [
-                {"label": name, "count": counts[name], "href": href(name), "on": wanted == {name}}
-                for name in STATUSES
-            ]
-            json_query = href(",".join(sorted(wanted)))
-            return _ENV.get_template("stateful.html").render(
-                css=_CSS,
-                entries=shown,
-                listed=len(found.entries),
-                filters=filters,
-                status=", ".join(sorted(wanted)),
-                truncated=found.truncated,
-                backend_url=backend_url(viewer),
-                prefix=prefix,
-                json_href="api/identities" + (json_query if json_query.startswith("?") else ""),
-            )
-
-        return HTMLResponse(await work.run(render))
-
-    @app.get("/api/identities")
-    async def identities(
-        request: Request,
-        viewer: ViewerDep,
-        prefix: str = "",
-        limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT),
-        status: str = "",
-    ) -> dict[str, Any]:
-        prefix = checked_prefix(prefix)
-        wanted = _statuses(status)
-        base = _airflow_base(request)
-
-        def answer() -> dict[str, Any]:
-            found = listing(viewer, prefix, limit, base)
-            return {
-                "backend_url": backend_url(viewer),
-                "identities": [e.row for e in found.entries if not wanted or _status_of(e) in wanted],
-                "status_counts": {
-                    name: sum(_status_of(e) == name for e in found.entries) for name in STATUSES
-                },
-                "truncated": found.truncated,
-            }
-
-        return await work.run(answer)
-
-    @app.get("/ti/{path:path}", response_class=HTMLResponse)
-    async def task_instance_page(
-        path: str, request: Request, viewer: ViewerDep, map_index: str = "-1"
-    ) -> HTMLResponse:
-        return await tab_page("task.html", ti_tab(viewer, request, map_index))
-
-    @app.get("/api/ti/{path:path}")
-    async def task_instance_api(
-        path: str, request: Request, viewer: ViewerDep, map_index: str = "-1"
-    ) -> dict[str, Any]:
-        return await tab_json(ti_tab(viewer, request, map_index, api=True))
-
-    @app.get("/run/{path:path}", response_class=HTMLResponse)
-    async def dag_run_page(path: str, request: Request, viewer: ViewerDep) -> HTMLResponse:
-        return await tab_page("run.html", run_tab(viewer, request))
-
-    @app.get("/api/run/{path:path}")
-    async def dag_run_api(path: str, request: Request, viewer: ViewerDep) -> dict[str, Any]:
-        return await tab_json(run_tab(viewer, request, api=True))
-
-    @app.get("/api/identities/{key:path}/history")
-    async def history(key: str, request: Request, viewer: ViewerDep) -> dict[str, Any]:
-        identity = checked_identity(_raw_key(request, key))
-        viewer.require(identity)
-
-        def load() -> HeadRecord | None:
-            try:
-                return HeadStore(store=get_store(), identity=identity).load()[0]
-            except StatefulError as exc:  # a corrupt or forged head: say so, as the page's error rows do
-                raise HTTPException(status_code=500, detail=f"{type(exc).__name__}: {exc}") from None
-
-        head = await work.run(load)
-        if head is None:
-            raise HTTPException(status_code=404, detail=f"identity {identity.key!r} has no state")
-        return {"identity": identity.key, "epoch": head.epoch, "checkpoints": history_of(head)}
-
+    use_airflow_auth_manager(app)
+    app.middleware("http")(security_headers)
+    app.exception_handler(StarletteHTTPException)(error_page)
+    # Every route takes ``viewer: ViewerDep`` (see View); the routes are the ones, in the order, they always were.
+    app.get("/", response_class=HTMLResponse)(view.page)
+    app.get("/api/identities")(view.identities)
+    app.get("/ti/{path:path}", response_class=HTMLResponse)(view.task_instance_page)
+    app.get("/api/ti/{path:path}")(view.task_instance_api)
+    app.get("/run/{path:path}", response_class=HTMLResponse)(view.dag_run_page)
+    app.get("/api/run/{path:path}")(view.dag_run_api)
+    app.get("/api/identities/{key:path}/history")(view.history)
     return app

@@ -234,6 +234,12 @@ class Listing:
     truncated: str | None = None
 
 
+def status_of(entry: Entry) -> str | None:
+    """The status of ``entry`` (``active``, ``stuck``, ``dead``, ``idle``), or None for an error row."""
+    status = entry.row.get("status")
+    return str(status["status"]) if isinstance(status, dict) else None
+
+
 class _Stop(Exception):
     """A bound was reached; the message says which."""
 
