@@ -26,10 +26,10 @@ from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.plugins.stateful_view import StatefulPlugin
-from airflow_stateful.plugins.view_access import Viewer, current_viewer
-from airflow_stateful.plugins.view_app import create_app
-from airflow_stateful.plugins.view_chart import LeaseMarks, Point, build_chart
-from airflow_stateful.plugins.view_rows import Bounds
+from airflow_stateful.plugins.view.access import Viewer, current_viewer
+from airflow_stateful.plugins.view.app import create_app
+from airflow_stateful.plugins.view.chart import LeaseMarks, Point, build_chart
+from airflow_stateful.plugins.view.rows import Bounds
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts"
@@ -181,7 +181,7 @@ def test_manifests_outside_the_head_are_verified_and_bounded(
 ) -> None:
     """Values too big to ride in the head put the manifest in an object of its own: the view checks it against
     its entry, reads at most MAX_MANIFESTS of them per page (the newest first) and says what it did not read."""
-    from airflow_stateful.plugins import view_task
+    from airflow_stateful.plugins.view import budget
 
     cs = CheckpointStore(store=store, identity=ENRICH, keep_last=5)
     lease = cs.acquire(holder=WriterInfo(run_id=RUN, try_number=1, host="worker-1"))
@@ -202,13 +202,13 @@ def test_manifests_outside_the_head_are_verified_and_bounded(
     assert re.search(
         r"of checkpoint 3 in \S+ is corrupt: expected \d+ bytes with SHA-256", rows[1]["manifest"]
     )
-    monkeypatch.setattr(view_task, "MAX_MANIFESTS", 2)
+    monkeypatch.setattr(budget, "MAX_MANIFESTS", 2)
     rows = view.get(ti_url(ENRICH, api=True)).json()["identities"][0]["checkpoints"]
     assert [r["seq"] for r in rows if r["manifest"] == "read"] == [4]  # seq 3 took the other read, and failed
     assert rows[3]["manifest"] == "not read (2 manifests per page)"
     page = view.get(ti_url(ENRICH)).text
     assert "not read (2 manifests per page)" in page and "CheckpointCorruptError" in page
-    monkeypatch.setattr(view_task, "MANIFEST_MAX_BYTES", 1000)
+    monkeypatch.setattr(budget, "MANIFEST_MAX_BYTES", 1000)
     rows = view.get(ti_url(ENRICH, api=True)).json()["identities"][0]["checkpoints"]
     assert all(r["manifest"].startswith("manifest of ") and r["manifest"].endswith(" not read") for r in rows)
     # the page says the outputs are unknown rather than none

@@ -34,7 +34,7 @@ from airflow_stateful.core.stores import local as local_module
 from airflow_stateful.core.stores.base import Blob, CommonPrefix, ObjectInfo, ObjectStore, StoredFile
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.stores.s3 import S3ObjectStore
-from airflow_stateful.plugins.view_rows import Bounds, collect
+from airflow_stateful.plugins.view.rows import Bounds, collect
 
 NESTED = [
     Identity.parse("etl/load"),  # an identity that is also the folder of two others

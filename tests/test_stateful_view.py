@@ -41,8 +41,8 @@ from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.timestamps import parse_iso
 from airflow_stateful.plugins import stateful_view
 from airflow_stateful.plugins.stateful_view import StatefulPlugin
-from airflow_stateful.plugins.view_app import WorkGate, create_app
-from airflow_stateful.plugins.view_rows import Bounds, human_age
+from airflow_stateful.plugins.view.app import WorkGate, create_app
+from airflow_stateful.plugins.view.rows import Bounds, human_age
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts"
@@ -288,6 +288,30 @@ def test_without_a_token_every_route_is_401_and_reads_nothing(
     assert client.get("/api/identities", headers=forged).status_code in (401, 403)
 
 
+def test_every_route_of_the_app_depends_on_the_auth_managers_viewer(local_store: ObjectStore) -> None:
+    """The routes are methods of one object that create_app lists; each must still take the viewer, so a route
+    added without it (and so outside Airflow's auth manager) fails here, not in production."""
+    from fastapi.routing import APIRoute
+
+    from airflow_stateful.plugins.view.access import current_viewer
+
+    def calls(dependant: Any) -> set[Any]:
+        return {dependant.call} | {c for d in dependant.dependencies for c in calls(d)}
+
+    routes = [r for r in create_app(local_store).routes if isinstance(r, APIRoute)]
+    assert [r.path for r in routes] == [
+        "/",
+        "/api/identities",
+        "/ti/{path:path}",
+        "/api/ti/{path:path}",
+        "/run/{path:path}",
+        "/api/run/{path:path}",
+        "/api/identities/{key:path}/history",
+    ]
+    for route in routes:
+        assert current_viewer in calls(route.dependant), route.path
+
+
 SCRIPT = "<script>alert(1)</script>"
 
 
@@ -393,7 +417,7 @@ def test_a_user_of_some_dags_lists_only_their_folders() -> None:
     """A user who may read two DAGs makes the server list those two DAGs' folders, never the whole backend."""
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
-    from airflow_stateful.plugins.view_access import Viewer
+    from airflow_stateful.plugins.view.access import Viewer
 
     user = SimpleAuthManagerUser(username="v", role="viewer")
     some = Viewer(

@@ -27,7 +27,7 @@ from fastapi import FastAPI
 from airflow.api_fastapi.app import init_auth_manager
 from airflow.api_fastapi.auth.managers.simple.middleware import SimpleAllAdminMiddleware
 from airflow_stateful.core.stores.local import LocalObjectStore
-from airflow_stateful.plugins.view_app import create_app
+from airflow_stateful.plugins.view.app import create_app
 
 init_auth_manager()
 outer = FastAPI()

@@ -3,7 +3,7 @@ and a "Checkpoints" tab on every task instance and DAG run page.
 
 Airflow's api-server mounts :data:`app` at ``/stateful`` (``fastapi_apps``) and the UI shows the pages in its
 frame: the listing under Browse, the tabs on task instance and DAG run pages (``external_views``). The view itself, with its authentication and authorization, lives
-in :mod:`.view_app`, :mod:`.view_access` and :mod:`.view_rows`; see docs/ui-and-metrics.md.
+in :mod:`.view.app`, :mod:`.view.access` and :mod:`.view.rows`; see docs/ui-and-metrics.md.
 
 This module stays light on purpose: every Airflow process that loads plugins imports it, task processes
 included (for macros), while the view needs the api-server's security module and Airflow's DB models. So
@@ -19,7 +19,7 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from airflow_stateful.plugins.view_urls import URL_PREFIX
+from airflow_stateful.plugins.view.urls import URL_PREFIX
 
 
 class ServeView:
@@ -33,7 +33,7 @@ class ServeView:
     def _built(self) -> ASGIApp:
         with self._lock:
             if self._view is None:
-                from airflow_stateful.plugins.view_app import create_app
+                from airflow_stateful.plugins.view.app import create_app
 
                 self._view = create_app()
             return self._view

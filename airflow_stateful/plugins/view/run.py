@@ -2,9 +2,9 @@
 
 The DAG's task folders come from one delimited listing (``<dag_id>/`` with delimiter ``/``: one entry per task,
 however much state it holds), then each folder's identities of this run (``<task_id>/run=<run_id>/``) and the
-named identities this run works on (:func:`.view_task.named_matches`). Rows link to the task instance's own
+named identities this run works on (:func:`.task.named_matches`). Rows link to the task instance's own
 page of the view (in the same frame: Airflow's sandbox lets no link leave it). Bounded like every page of the
-view (:class:`.view_task.Budget`); a row whose head cannot be read says why.
+view (:class:`.budget.Budget`); a row whose head cannot be read says why.
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ from typing import Any, TypeVar
 
 from airflow_stateful.core.fleet.catalog import list_identities, read_heads
 from airflow_stateful.core.fleet.status import work_status
-from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.records.identity import RUN_SCOPE, Identity, encode_segment
 from airflow_stateful.core.stores.base import CommonPrefix, ObjectStore
-from airflow_stateful.plugins.view_rows import Bounds, human_age, when
-from airflow_stateful.plugins.view_task import (
-    Budget,
+from airflow_stateful.plugins.view.budget import Budget, Stop, bounded_manifest
+from airflow_stateful.plugins.view.rows import Bounds, human_age, when
+from airflow_stateful.plugins.view.task import (
     Found,
-    Stop,
     TabView,
     named_matches,
     scope_label,
@@ -129,11 +127,8 @@ def _run_row(
         newest = found.newest
         outputs: int | None = 0 if latest is None else None
         if latest is not None:
-            if newest is None and budget.manifest_refused(latest) is None:
-                try:
-                    newest = CheckpointStore(store=store, identity=identity).read_manifest(latest)
-                except Exception:
-                    newest = None
+            if newest is None:
+                newest = bounded_manifest(store, identity, latest, budget).manifest
             outputs = None if newest is None else len(newest.outputs)
         row.update(
             status=status.to_json(),

@@ -1,5 +1,5 @@
 """The Checkpoints tab of a task instance: what the view reads for it, within bounds (the DAG run's tab,
-:mod:`.view_run`, is built on the same readers).
+:mod:`.run`, is built on the same readers).
 
 A task instance's state lives under ``Identity.for_task(dag_id, task_id, map_index, run_id)``: its key follows
 from the URL. State kept across runs under a *name* (``name="nightly-watermark"``) cannot be derived from the
@@ -11,24 +11,22 @@ those that ride outside their head. A named identity a later run has written to 
 Like the listing, everything read is untrusted (anyone who can write the bucket can write a head or a manifest):
 records are parsed with their typed readers, a manifest outside its head is checked against the size and
 SHA-256 its head entry records, and the page only shows strings built here (escaped by the template). Every
-request is bounded: the listing's object count and wall time (:class:`.view_rows.Bounds`), at most
-:data:`MAX_MANIFESTS` manifest objects of at most :data:`MANIFEST_MAX_BYTES` each; what was not read is
-shown as such.
+request is bounded: the listing's object count and wall time (:class:`.rows.Bounds`), at most
+:data:`~.budget.MAX_MANIFESTS` manifest objects of at most :data:`~.budget.MANIFEST_MAX_BYTES` each
+(:class:`.budget.Budget`); what was not read is shown as such.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
 from airflow_stateful.core.data.transfer_progress import human_bytes
-from airflow_stateful.core.fleet.catalog import HeadRead, list_identities, ordered_map, read_head, read_heads
+from airflow_stateful.core.fleet.catalog import HeadRead, list_identities, read_head, read_heads
 from airflow_stateful.core.fleet.status import WorkStatus, work_status
-from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.records.cursors import cursor_rows, cursors_to_json, read_cursors
 from airflow_stateful.core.records.cursors import items_done as cursors_items_done
 from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
@@ -36,57 +34,16 @@ from airflow_stateful.core.records.identity import NAMED_SCOPE, Identity, encode
 from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import parse_iso
-from airflow_stateful.plugins.view_chart import Chart, LeaseMarks, Point, build_chart
-from airflow_stateful.plugins.view_rows import Bounds, human_age, when
+from airflow_stateful.plugins.view.budget import Budget, Stop, bounded_manifest, bounded_manifests
+from airflow_stateful.plugins.view.chart import Chart, LeaseMarks, Point, build_chart
+from airflow_stateful.plugins.view.rows import Bounds, human_age, when
 
-MANIFEST_MAX_BYTES = 1024 * 1024
-"""A manifest object larger than this is not read by the view (format-1 checkpoints list every file in it)."""
-MAX_MANIFESTS = 200
-"""Manifest objects one request reads at most; inline manifests ride in their head and cost nothing."""
-MANIFEST_READERS = 4
-"""Manifest objects read at once (each is one GET whose time is mostly the round trip)."""
 MAX_NAMED = 50
 """Named identities of one task examined for a run."""
 MAX_CURSOR = 1 << 53
 CURSOR_SHOWN = 80
 """Characters of a cursor's name or last key the page shows (the JSON answer has them whole)."""
 SHA_SHOWN = 12
-
-
-class Stop(Exception):
-    """A bound was reached; the message says which."""
-
-
-class Budget:
-    """What one request may still read: listing entries, manifest objects, wall time."""
-
-    def __init__(self, bounds: Bounds, *, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.bounds = bounds
-        self.monotonic = monotonic
-        self.deadline = monotonic() + bounds.seconds
-        self.scanned = 0
-        self.manifests = 0
-
-    def count(self) -> None:
-        """One more object listed or head read; Stop when a bound is reached."""
-        self.scanned += 1
-        if self.scanned > self.bounds.max_scanned:
-            raise Stop(f"listed {self.bounds.max_scanned} objects")
-        if self.monotonic() > self.deadline:
-            raise Stop(f"read for {self.bounds.seconds:g} s")
-
-    def manifest_refused(self, entry: CheckpointEntry) -> str | None:
-        """Why the manifest of ``entry`` is not to be read, or None (and it is counted)."""
-        if entry.inline is not None:
-            return None
-        if entry.manifest_size is not None and entry.manifest_size > MANIFEST_MAX_BYTES:
-            return f"manifest of {human_bytes(entry.manifest_size)} not read"
-        if self.manifests >= MAX_MANIFESTS:
-            return f"not read ({MAX_MANIFESTS} manifests per page)"
-        if self.monotonic() > self.deadline:
-            return f"not read (after {self.bounds.seconds:g} s)"
-        self.manifests += 1
-        return None
 
 
 def items_done(manifest: Manifest) -> int | None:
@@ -195,16 +152,16 @@ def named_matches(
         if head.lease is not None and head.lease.holder.run_id == run_id:
             yield Found(read.identity, read, "its lease holder works on this run")
             continue
-        newest = head.latest
-        if newest is None or budget.manifest_refused(newest) is not None:
+        if head.latest is None:
             continue
-        try:
-            manifest = CheckpointStore(store=store, identity=read.identity).read_manifest(newest)
-        except Exception:
+        newest = bounded_manifest(store, read.identity, head.latest, budget)
+        if newest.refused:
+            continue
+        if newest.manifest is None:
             unreadable += 1
             continue
-        if manifest.writer.run_id == run_id:
-            yield Found(read.identity, read, "this run wrote its newest checkpoint", newest=manifest)
+        if newest.manifest.writer.run_id == run_id:
+            yield Found(read.identity, read, "this run wrote its newest checkpoint", newest=newest.manifest)
     if unreadable:
         notes.append(f"{unreadable} named identit{'y' if unreadable == 1 else 'ies'} could not be read")
 
@@ -404,28 +361,17 @@ def _head_view(
 def _manifests(
     store: ObjectStore, found: Found, head: HeadRecord, budget: Budget
 ) -> dict[int, Manifest | str]:
-    """The manifest of each kept checkpoint by seq, or why it was not read (a bound, or its error). Those
-    within the budget (the newest first) are read :data:`MANIFEST_READERS` at a time; inline ones cost nothing."""
+    """The manifest of each kept checkpoint by seq, or why it was not read (a bound, or its error): the newest
+    first win the budget (:func:`bounded_manifests`); the one already read to match ``found`` costs nothing."""
     manifests: dict[int, Manifest | str] = {}
     wanted: list[CheckpointEntry] = []
     for entry in reversed(head.checkpoints):
         if found.newest is not None and found.newest.seq == entry.seq:
             manifests[entry.seq] = found.newest
-        elif (refused := budget.manifest_refused(entry)) is not None:
-            manifests[entry.seq] = refused
         else:
             wanted.append(entry)
-
-    checkpoints = CheckpointStore(store=store, identity=found.identity)
-
-    def read(entry: CheckpointEntry) -> Manifest | str:
-        try:
-            return checkpoints.read_manifest(entry)
-        except Exception as exc:  # shown on its own row
-            return f"{type(exc).__name__}: {exc}"
-
-    for entry, manifest in zip(wanted, ordered_map(read, wanted, workers=MANIFEST_READERS), strict=True):
-        manifests[entry.seq] = manifest
+    for entry, read in zip(wanted, bounded_manifests(store, found.identity, wanted, budget), strict=True):
+        manifests[entry.seq] = read.shown
     return manifests
 
 

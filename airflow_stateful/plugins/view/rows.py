@@ -29,7 +29,7 @@ from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import parse_iso
-from airflow_stateful.plugins.view_urls import URL_PREFIX
+from airflow_stateful.plugins.view.urls import URL_PREFIX
 
 
 def human_age(seconds: float) -> str:
@@ -232,6 +232,12 @@ class Listing:
     entries: list[Entry]
     #: why the listing stopped before the end of the prefix, or None when it is complete
     truncated: str | None = None
+
+
+def status_of(entry: Entry) -> str | None:
+    """The status of ``entry`` (``active``, ``stuck``, ``dead``, ``idle``), or None for an error row."""
+    status = entry.row.get("status")
+    return str(status["status"]) if isinstance(status, dict) else None
 
 
 class _Stop(Exception):
