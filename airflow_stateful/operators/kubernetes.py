@@ -48,29 +48,30 @@ from airflow_stateful.core.protocol.session import WriterSession
 from airflow_stateful.core.records.code_identity import fingerprint_json
 from airflow_stateful.core.settings import RESTORE_CACHE_MAX_BYTES
 from airflow_stateful.hooks.state import StateHook
-from airflow_stateful.kubernetes.pods import (
-    CLIENT_COMMAND,
+from airflow_stateful.kubernetes.labels import (
     EPOCH_LABEL,
     IDENTITY_LABEL,
-    RESTORE_CACHE_MOUNT,
-    RESTORE_CONTAINER,
     RUN_LABEL,
+    identity_label,
+    pod_epoch,
+)
+from airflow_stateful.kubernetes.lease_secrets import lease_secret, lease_secret_ref
+from airflow_stateful.kubernetes.placement import prefer_node
+from airflow_stateful.kubernetes.pods import PodState, pod_s3_fields
+from airflow_stateful.kubernetes.reattach import choose_pods
+from airflow_stateful.kubernetes.restore_cache import (
+    RESTORE_CACHE_MOUNT,
+    RestoreCache,
+    check_restore_cache_host_path,
+)
+from airflow_stateful.kubernetes.results import has_failed_sidecar, terminated
+from airflow_stateful.kubernetes.spec import (
+    CLIENT_COMMAND,
+    RESTORE_CONTAINER,
     SIDECAR_CONTAINER,
     STATE_MODES,
     STATE_VOLUME,
-    PodState,
-    RestoreCache,
-    check_restore_cache_host_path,
-    choose_pods,
-    has_failed_sidecar,
-    identity_label,
-    lease_secret,
-    lease_secret_ref,
-    pod_epoch,
-    pod_s3_fields,
-    prefer_node,
     state_parts,
-    terminated,
 )
 from airflow_stateful.operators.mixin import STATEFUL_TEMPLATE_FIELDS, StatefulMixin, check_choice
 
