@@ -39,6 +39,13 @@ def identity_label(identity: Identity) -> str:
     return f"{prefix}-{digest}" if prefix else f"h{digest}"
 
 
+def identity_selector(identity: Identity) -> str:
+    """The label selector of every pod of ``identity`` (any run, try or epoch). Like KubernetesPodOperator's
+    own, it leaves out pods labelled ``airflow-worker`` (KubernetesExecutor's worker pods): only the job's
+    pods are the identity's."""
+    return f"{IDENTITY_LABEL}={identity_label(identity)},!airflow-worker"
+
+
 def run_label(run_id: str) -> str:
     """A label value for a DAG run id (which may hold ``:`` and ``+``): 16 hex digits of its SHA-256."""
     return "r" + hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:16]

@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes.client import models as k8s
 
 from airflow_stateful.core.protocol.lease import Lease
+from airflow_stateful.core.protocol.session import WriterSession
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.records.manifests import Manifest
@@ -161,6 +162,36 @@ class PodState:
             "schema_version": latest.schema_version if latest else self.schema_version,
             "image": latest.extra.get("image") if latest else None,
         }
+
+
+def pod_state(
+    session: WriterSession,
+    *,
+    run_id: str,
+    schema_version: int,
+    backend_url: str,
+    keep_last: int,
+    s3_options: Mapping[str, Any],
+    endpoint_url: str | None,
+    head_signer: HeadSigner | None,
+) -> PodState:
+    """What the pod of ``session`` is told: its lease, the store as the workers use it, the S3 settings.
+
+    ``s3_options`` are the connection's (``StateHook.s3_options()``), picked by name (:func:`pod_s3_fields`):
+    encryption, expected owner, endpoint, region, botocore settings; never its login, password, session
+    token, profile or role. ``endpoint_url`` (the operator's ``s3_endpoint_url``) wins over the connection's.
+    """
+    return PodState(
+        identity=session.identity,
+        lease=session.lease,
+        run_id=run_id,
+        backend_url=backend_url,
+        keep_last=keep_last,
+        lease_ttl=session.checkpoints.lease_ttl,
+        schema_version=schema_version,
+        **{**pod_s3_fields(s3_options), "endpoint_url": endpoint_url or s3_options.get("endpoint_url")},
+        head_signer=head_signer,
+    )
 
 
 def downward_env() -> list[k8s.V1EnvVar]:

@@ -1,18 +1,34 @@
 """Which of an identity's pods to reattach to, and which are stale.
 
-The operator finds every pod of an identity by its label, reattaches only to the one that still holds the
-lease for this run, and deletes the others: they are fenced, so stopping them only saves compute.
+The operator finds every pod of an identity by its label (:func:`find_pods`), reattaches only to the one that
+still holds the lease for this run (adopting that lease: :func:`adopt_lease`), and deletes the others: they
+are fenced, so stopping them only saves compute (:func:`delete_stale_pods`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 
+from kubernetes.client import CoreV1Api
 from kubernetes.client import models as k8s
 
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.protocol.lease import lease_of
+from airflow_stateful.core.protocol.session import WriterSession
 from airflow_stateful.core.records.heads import HeadRecord
-from airflow_stateful.kubernetes.labels import RUN_LABEL, pod_epoch, run_label
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.writer import WriterInfo
+from airflow_stateful.kubernetes.labels import RUN_LABEL, identity_selector, pod_epoch, run_label
 from airflow_stateful.kubernetes.results import terminated
+
+log = logging.getLogger("airflow_stateful")
+
+
+def find_pods(client: CoreV1Api, namespace: str, identity: Identity) -> list[k8s.V1Pod]:
+    """Every pod of ``identity`` in ``namespace`` (any run, try or epoch), found by label."""
+    selector = identity_selector(identity)
+    return list(client.list_namespaced_pod(namespace=namespace, label_selector=selector).items)
 
 
 def _pod_env(pod: k8s.V1Pod, name: str) -> str | None:
@@ -58,3 +74,46 @@ def choose_pods(
                 chosen = pod
                 break
     return chosen, [p for p in live if p is not chosen]
+
+
+def adopt_lease(
+    checkpoints: CheckpointStore, pod: k8s.V1Pod, *, writer: WriterInfo, schema_version: int
+) -> WriterSession:
+    """An open writer session on the lease the running ``pod`` holds (no new epoch), renewed for that pod.
+
+    The pod was chosen by :func:`choose_pods`, so the head holds its lease. The lease is this task
+    instance's: the session releases it when it closes, once the pod is over.
+    """
+    head = checkpoints.head()
+    assert head is not None and head.lease is not None
+    log.info(
+        "reattaching to pod %s, which holds the lease of %s at epoch %d",
+        pod.metadata.name,
+        checkpoints.identity,
+        head.epoch,
+    )
+    return WriterSession(
+        checkpoints=checkpoints,
+        writer=writer,
+        schema_version=schema_version,
+        lease=lease_of(checkpoints.identity, head.lease),
+        release_on_close=True,  # the lease is this task instance's: release it when the pod is over
+    ).open()
+
+
+def delete_stale_pods(
+    pods: Iterable[k8s.V1Pod], *, identity: Identity, delete: Callable[[k8s.V1Pod], object]
+) -> None:
+    """Delete each of ``identity``'s stale ``pods`` with ``delete`` (the provider's pod manager), saying why.
+
+    This try holds the lease, so they are fenced and can no longer commit: deleting them stops wasted
+    compute and loses no saved work.
+    """
+    for pod in pods:
+        log.warning(
+            "deleting pod %s of %s: it has epoch %s, an older writer that is fenced",
+            pod.metadata.name,
+            identity,
+            pod_epoch(pod),
+        )
+        delete(pod)

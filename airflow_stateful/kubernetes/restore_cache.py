@@ -33,6 +33,11 @@ class RestoreCache:
     host_path: str
     max_bytes: int
 
+    @classmethod
+    def on_nodes(cls, host_path: str | None, *, max_bytes: int) -> RestoreCache | None:
+        """The cache at ``host_path`` on every node, or ``None``: no ``restore_cache_host_path``, no cache."""
+        return None if host_path is None else cls(host_path=host_path, max_bytes=max_bytes)
+
     def volume(self) -> k8s.V1Volume:
         return k8s.V1Volume(
             name=RESTORE_CACHE_VOLUME,
@@ -73,3 +78,17 @@ def check_restore_cache_host_path(value: Any, *, state_dir: str) -> str:
             "choose another state_dir"
         )
     return text.rstrip("/")
+
+
+def check_restore_cache_arguments(host_path: Any, max_bytes: Any, *, state_dir: str) -> str | None:
+    """The operator's ``restore_cache_host_path`` checked (:func:`check_restore_cache_host_path`; ``None``:
+    no cache), then its ``restore_cache_max_bytes``: a whole number of bytes from 1 to 2**50 (``True`` is not
+    one), else InvalidValueError naming the value. The size is checked even without a cache, so a typo fails
+    when the DAG is parsed rather than when the cache is turned on."""
+    if host_path is not None:
+        host_path = check_restore_cache_host_path(host_path, state_dir=state_dir)
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 1 <= max_bytes <= 1 << 50:
+        raise InvalidValueError(
+            f"restore_cache_max_bytes must be a number of bytes from 1 to 2**50, not {max_bytes!r}"
+        )
+    return host_path

@@ -3,16 +3,21 @@
 How the state reaches the pod depends on ``state_mode`` (see :func:`state_parts`): the main container's
 command wrapped by the client, an init container that restores and a native sidecar that saves, only the
 restoring init container, or only the variables. The result is handed back to KubernetesPodOperator as its
-own pod arguments, so pod templates, ``full_pod_spec`` and the cluster's
+own pod arguments (:data:`POD_ARGUMENTS`), so pod templates, ``full_pod_spec`` and the cluster's
 ``pod_mutation_hook`` see the additions like any other part of the pod.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Any, Protocol
 
+from airflow.providers.cncf.kubernetes.backcompat.backwards_compat_converters import (
+    convert_env_vars_or_raise_error,
+)
 from kubernetes.client import models as k8s
 
 from airflow_stateful.core.errors import InvalidValueError
@@ -26,6 +31,23 @@ STATE_MODES = ("wrap", "sidecar", "init", "env")
 CLIENT_COMMAND = ("python", "-m", "airflow_stateful.client")
 #: Environment names that would put a credential into the pod spec as a literal value.
 SECRET_ENV_NAMES = frozenset({"AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"})
+#: KubernetesPodOperator's arguments that :func:`state_parts` changes: the fields of :class:`PodParts`.
+POD_ARGUMENTS = ("env_vars", "env_from", "volumes", "volume_mounts", "init_containers", "cmds", "arguments")
+
+
+def check_state_arguments(
+    *, state_mode: str, state_dir: str, save_every: Any, client_image: str | None
+) -> str:
+    """``state_dir`` without trailing ``/``, if the operator's state arguments can make a pod spec; else
+    InvalidValueError naming the argument. Checked when the DAG is parsed, so a wrong value never reaches a
+    pod (``state_mode`` itself is checked by the operator, before these)."""
+    if not state_dir.startswith("/") or state_dir.rstrip("/") == "":
+        raise InvalidValueError(f"state_dir must be an absolute path below /, not {state_dir!r}")
+    if not isinstance(save_every, timedelta) or save_every < timedelta(seconds=1):
+        raise InvalidValueError(f"save_every must be a timedelta of at least 1 s, not {save_every!r}")
+    if state_mode in ("sidecar", "init") and not client_image:
+        raise InvalidValueError(f"state_mode={state_mode!r} needs client_image (an image with the client)")
+    return state_dir.rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -140,3 +162,68 @@ def state_parts(
         added.append(client(SIDECAR_CONTAINER, command, restart_policy="Always"))
     parts.init_containers[:0] = added
     return parts
+
+
+class PodArguments(Protocol):
+    """The (rendered) arguments of a StatefulKubernetesPodOperator that its pod is made from: the provider's
+    pod arguments and the stateful ones. A protocol, so this module needs no operator to build a spec."""
+
+    env_vars: Any
+    env_from: Any
+    volumes: Any
+    volume_mounts: Any
+    init_containers: Any
+    cmds: Any
+    arguments: Any
+    image: Any
+    pod_runtime_info_envs: Any
+    state_mode: str
+    state_dir: str
+    save_every: timedelta
+    client_image: str | None
+    client_command: Any
+    credentials_secret: str | None
+
+    @property
+    def restore_cache(self) -> RestoreCache | None: ...
+
+
+@contextmanager
+def stateful_pod_arguments(op: PodArguments, state: PodState, context: Any | None) -> Iterator[None]:
+    """Within the block, ``op``'s pod arguments (:data:`POD_ARGUMENTS`) carry the state; afterwards, even on
+    an error, they are ``op``'s own again.
+
+    The provider builds the pod from its operator's arguments, so the state goes in through them (and pod
+    templates, ``full_pod_spec`` and ``pod_mutation_hook`` see it like any other part of the pod); a second
+    build or a retried try must start from the user's arguments, not from the ones with the state added.
+    The arguments are read as rendered for this try (``client_image`` and ``credentials_secret`` are
+    templated); ``env_vars`` may be a dict or a ``V1EnvVar`` list, as KubernetesPodOperator takes them.
+    """
+    saved = {name: getattr(op, name) for name in POD_ARGUMENTS}
+    parts = state_parts(
+        state,
+        mode=op.state_mode,
+        user_env=convert_env_vars_or_raise_error(op.env_vars) if op.env_vars else [],
+        env_from=op.env_from,
+        volumes=op.volumes,
+        volume_mounts=op.volume_mounts,
+        init_containers=op.init_containers,
+        cmds=op.cmds,
+        arguments=op.arguments,
+        image=op.image,
+        context=context,
+        state_dir=op.state_dir,
+        save_every_seconds=int(op.save_every.total_seconds()),
+        client_image=op.client_image,
+        client_command=op.client_command,
+        credentials_secret=op.credentials_secret,
+        restore_cache=op.restore_cache,
+        runtime_env=op.pod_runtime_info_envs or [],
+    )
+    try:
+        for name in POD_ARGUMENTS:
+            setattr(op, name, getattr(parts, name))
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(op, name, value)
