@@ -48,7 +48,8 @@ from kubernetes.client.exceptions import ApiException
 from airflow_stateful.client.settings import PodSettings
 from airflow_stateful.core import CheckpointStore, Identity, store_from_url
 from airflow_stateful.core.records.writer import WriterInfo
-from airflow_stateful.kubernetes.pods import LEASE_SECRET_KEY, LEASE_TOKEN_ENV, lease_secret_name, run_label
+from airflow_stateful.kubernetes.labels import run_label
+from airflow_stateful.kubernetes.pods import LEASE_SECRET_KEY, LEASE_TOKEN_ENV, lease_secret_name
 from airflow_stateful.operators.kubernetes import (
     EPOCH_LABEL,
     IDENTITY_LABEL,

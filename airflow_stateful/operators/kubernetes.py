@@ -12,71 +12,51 @@ checkpoint to this code's ``schema_version`` with the same upgrade rules as stat
 renews the lease while the pod runs; the pod's client renews the same lease too (``STATEFUL_LEASE_TTL``),
 so a worker lost mid-run does not let the lease of a healthy pod lapse. Renewals never change the epoch, so
 the two never fence each other. Credentials reach the pod only through a Kubernetes Secret
-(``credentials_secret``) or workload identity (``service_account_name``), never as literal values; the
-lease token reaches it through a Secret the operator creates per pod lease, owned by the pod (so Kubernetes
-deletes it with the pod), which the containers read with ``secretKeyRef``.
+(``credentials_secret``) or workload identity (``service_account_name``), never as literal values.
 
-Warm placement: every checkpoint records the node its pod ran on (``NODE_NAME`` from the downward API). With
-``restore_cache_host_path`` the client keeps verified chunks in a ``hostPath`` directory on the node, and the
-operator adds a *preferred* node affinity to the node that wrote the checkpoint the pod resumes from, merged
-into the pod's own affinity; never a required one, so a lost node never blocks the retry.
-
-This module is the only one that imports the cncf.kubernetes provider (the ``kubernetes`` extra).
-See docs/kubernetes.md.
+This module is the operator's control flow; the pod plumbing (labels, the pod spec, the lease Secret, the
+restore cache and placement, the pod's result) is in :mod:`airflow_stateful.kubernetes`. Both need the
+``kubernetes`` extra. See docs/kubernetes.md.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow.providers.cncf.kubernetes.backcompat.backwards_compat_converters import (
-    convert_affinity,
-    convert_env_vars_or_raise_error,
-)
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.sdk.exceptions import AirflowException
 from kubernetes.client import models as k8s
-from kubernetes.client.exceptions import ApiException
 
 from airflow_stateful.core.errors import InvalidValueError
-from airflow_stateful.core.protocol.lease import lease_of
 from airflow_stateful.core.protocol.session import WriterSession
 from airflow_stateful.core.records.code_identity import fingerprint_json
 from airflow_stateful.core.settings import RESTORE_CACHE_MAX_BYTES
 from airflow_stateful.hooks.state import StateHook
-from airflow_stateful.kubernetes.pods import (
-    CLIENT_COMMAND,
-    EPOCH_LABEL,
-    IDENTITY_LABEL,
+from airflow_stateful.kubernetes.labels import EPOCH_LABEL, IDENTITY_LABEL, RUN_LABEL, identity_label
+from airflow_stateful.kubernetes.lease_secrets import create_lease_secret, delete_pod_without_secret
+from airflow_stateful.kubernetes.placement import node_to_prefer, prefer_node_in
+from airflow_stateful.kubernetes.pods import PodState, pod_state
+from airflow_stateful.kubernetes.reattach import adopt_lease, choose_pods, delete_stale_pods, find_pods
+from airflow_stateful.kubernetes.restore_cache import (
     RESTORE_CACHE_MOUNT,
+    RestoreCache,
+    check_restore_cache_arguments,
+)
+from airflow_stateful.kubernetes.results import check_pod_result, terminated
+from airflow_stateful.kubernetes.spec import (
+    CLIENT_COMMAND,
     RESTORE_CONTAINER,
-    RUN_LABEL,
     SIDECAR_CONTAINER,
     STATE_MODES,
     STATE_VOLUME,
-    PodState,
-    RestoreCache,
-    check_restore_cache_host_path,
-    choose_pods,
-    has_failed_sidecar,
-    identity_label,
-    lease_secret,
-    lease_secret_ref,
-    pod_epoch,
-    pod_s3_fields,
-    prefer_node,
-    state_parts,
-    terminated,
+    check_state_arguments,
+    stateful_pod_arguments,
 )
 from airflow_stateful.operators.mixin import STATEFUL_TEMPLATE_FIELDS, StatefulMixin, check_choice
 
 log = logging.getLogger("airflow_stateful")
-
-_POD_ARGUMENTS = ("env_vars", "env_from", "volumes", "volume_mounts", "init_containers", "cmds", "arguments")
 
 
 class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
@@ -145,29 +125,15 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
         if kwargs.get("value_codec", "json") != "json":
             raise InvalidValueError("the in-pod client reads and writes JSON values only; drop value_codec")
         check_choice("state_mode", state_mode, STATE_MODES)
-        if not state_dir.startswith("/") or state_dir.rstrip("/") == "":
-            raise InvalidValueError(f"state_dir must be an absolute path below /, not {state_dir!r}")
-        if not isinstance(save_every, timedelta) or save_every < timedelta(seconds=1):
-            raise InvalidValueError(f"save_every must be a timedelta of at least 1 s, not {save_every!r}")
-        if state_mode in ("sidecar", "init") and not client_image:
-            raise InvalidValueError(
-                f"state_mode={state_mode!r} needs client_image (an image with the client)"
-            )
-        if restore_cache_host_path is not None:
-            restore_cache_host_path = check_restore_cache_host_path(
-                restore_cache_host_path, state_dir=state_dir.rstrip("/")
-            )
-        if (
-            isinstance(restore_cache_max_bytes, bool)
-            or not isinstance(restore_cache_max_bytes, int)
-            or not 1 <= restore_cache_max_bytes <= 1 << 50
-        ):
-            raise InvalidValueError(
-                f"restore_cache_max_bytes must be a number of bytes from 1 to 2**50, not {restore_cache_max_bytes!r}"
-            )
+        state_dir = check_state_arguments(
+            state_mode=state_mode, state_dir=state_dir, save_every=save_every, client_image=client_image
+        )
+        restore_cache_host_path = check_restore_cache_arguments(
+            restore_cache_host_path, restore_cache_max_bytes, state_dir=state_dir
+        )
         super().__init__(termination_grace_period=termination_grace_period, deferrable=False, **kwargs)
         self.state_mode = state_mode
-        self.state_dir = state_dir.rstrip("/")
+        self.state_dir = state_dir
         self.save_every = save_every
         self.client_image = client_image
         self.client_command = list(client_command)
@@ -201,62 +167,24 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
     @property
     def restore_cache(self) -> RestoreCache | None:
         """The node's restore cache the pod mounts, or ``None`` (``restore_cache_host_path`` unset)."""
-        if self.restore_cache_host_path is None:
-            return None
-        return RestoreCache(host_path=self.restore_cache_host_path, max_bytes=self.restore_cache_max_bytes)
+        return RestoreCache.on_nodes(self.restore_cache_host_path, max_bytes=self.restore_cache_max_bytes)
 
     def preferred_node(self, session: WriterSession) -> str | None:
-        """The node whose restore cache holds the files the pod restores, or ``None``; says which, or why not.
-
-        That is the node of the checkpoint the session started from (a migration commits on the worker, but
-        keeps that checkpoint's files). Only with the cache on, and only a preference: see :func:`prefer_node`.
-        """
-        latest, start = session.latest, session.start
-        if self.restore_cache_host_path is None:
-            log.debug(
-                "no node preference: restore_cache_host_path is not set (no restore cache on the nodes)"
-            )
-            return None
-        if latest is None or start is None or not latest.has_files:
-            log.info(
-                "no node preference: %s",
-                "there is no checkpoint yet"
-                if latest is None
-                else f"checkpoint {latest.seq} has no files to restore",
-            )
-            return None
-        node = start.writer.node
-        if not node:
-            log.info(
-                "no node preference: checkpoint %d records no node (written by %s, outside Kubernetes or by a "
-                "pod without NODE_NAME)",
-                start.seq,
-                start.writer.describe(),
-            )
-            return None
-        log.info(
-            "preferring node %s, where checkpoint %d was written (its restore cache holds its chunks); not "
-            "required: the pod runs anywhere if %s is gone",
-            node,
-            start.seq,
-            node,
-        )
-        return node
+        """The node whose restore cache holds the files the pod restores, or ``None``; says which, or why not
+        (only with the cache on; see :func:`~airflow_stateful.kubernetes.placement.node_to_prefer`)."""
+        return node_to_prefer(session.latest, session.start, cache=self.restore_cache_host_path is not None)
 
     def _attach(self, context: Any, hook: StateHook, session: WriterSession) -> PodState:
         options = hook.s3_options() if hook.backend_url.startswith("s3://") else {}
         self._session = session
-        self._pod_state = PodState(
-            identity=session.identity,
-            lease=session.lease,
+        self._pod_state = pod_state(
+            session,
             run_id=context["dag_run"].run_id,
+            schema_version=self.schema_version,
             backend_url=hook.backend_url,
             keep_last=hook.keep_last,
-            lease_ttl=session.checkpoints.lease_ttl,
-            schema_version=self.schema_version,
-            # Picked by name: encryption, expected owner, endpoint, region, botocore settings; never the
-            # connection's login, password, session token, profile or role.
-            **{**pod_s3_fields(options), "endpoint_url": self.s3_endpoint_url or options.get("endpoint_url")},
+            s3_options=options,
+            endpoint_url=self.s3_endpoint_url,
             head_signer=hook.get_store().head_signer,
         )
         self.labels = {**self.labels, **self._pod_state.labels()}
@@ -265,21 +193,8 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
     def _reattach(self, context: Any, hook: StateHook, pod: k8s.V1Pod) -> PodState:
         """Adopt the lease of the running pod (no new epoch) and keep renewing it for that pod."""
         checkpoints = hook.checkpoint_store(self.stateful_identity(context))
-        head = checkpoints.head()
-        assert head is not None and head.lease is not None
-        log.info(
-            "reattaching to pod %s, which holds the lease of %s at epoch %d",
-            pod.metadata.name,
-            checkpoints.identity,
-            head.epoch,
-        )
-        session = WriterSession(
-            checkpoints=checkpoints,
-            writer=StateHook.writer_for(context),
-            schema_version=self.schema_version,
-            lease=lease_of(checkpoints.identity, head.lease),
-            release_on_close=True,  # the lease is this task instance's: release it when the pod is over
-        ).open()
+        writer = StateHook.writer_for(context)
+        session = adopt_lease(checkpoints, pod, writer=writer, schema_version=self.schema_version)
         self.pod = self.pod_request_obj = pod  # KubernetesPodOperator then follows this pod
         state = self._attach(context, hook, session)
         # Normally the pod's Secret exists and is kept (409); if the worker died between creating the pod and
@@ -297,44 +212,14 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
         """
         if self._pod_state is None:
             return super().build_pod_request_obj(context, dry_run=dry_run)
-        saved = {name: getattr(self, name) for name in _POD_ARGUMENTS}
-        parts = state_parts(
-            self._pod_state,
-            mode=self.state_mode,
-            user_env=convert_env_vars_or_raise_error(self.env_vars) if self.env_vars else [],
-            env_from=self.env_from,
-            volumes=self.volumes,
-            volume_mounts=self.volume_mounts,
-            init_containers=self.init_containers,
-            cmds=self.cmds,
-            arguments=self.arguments,
-            image=self.image,
-            context=context,
-            state_dir=self.state_dir,
-            save_every_seconds=int(self.save_every.total_seconds()),
-            client_image=self.client_image,
-            client_command=self.client_command,
-            credentials_secret=self.credentials_secret,
-            restore_cache=self.restore_cache,
-            runtime_env=self.pod_runtime_info_envs or [],
-        )
-        try:
-            for name in _POD_ARGUMENTS:
-                setattr(self, name, getattr(parts, name))
+        with stateful_pod_arguments(self, self._pod_state, context):
             pod = super().build_pod_request_obj(context, dry_run=dry_run)
-        finally:
-            for name, value in saved.items():
-                setattr(self, name, value)
-        if self._preferred_node is not None and pod.spec is not None:
-            # Added to the finished pod: after pod templates, full_pod_spec and pod_mutation_hook set theirs,
-            # so every term they set is kept (the provider's merge would replace a template's affinity).
-            pod.spec.affinity = prefer_node(_affinity(pod.spec.affinity), self._preferred_node)
+        prefer_node_in(pod, self._preferred_node)  # to the finished pod: the terms it has are all kept
         return pod
 
     def find_stateful_pods(self, namespace: str, pod_state_identity: Any) -> list[k8s.V1Pod]:
         """Every pod of an identity (any run, try or epoch), found by label."""
-        selector = f"{IDENTITY_LABEL}={identity_label(pod_state_identity)},!airflow-worker"
-        return list(self.client.list_namespaced_pod(namespace=namespace, label_selector=selector).items)
+        return find_pods(self.client, namespace, pod_state_identity)
 
     def get_or_create_pod(self, pod_request_obj: k8s.V1Pod, context: Any) -> k8s.V1Pod:
         """Create the pod, then its lease Secret, owned by it; whether to reattach was decided in ``execute``.
@@ -348,44 +233,19 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
             owner = created if created is not None and created.metadata and created.metadata.uid else None
             self.create_lease_secret(owner or self.pod_manager.read_pod(pod_request_obj))
         except BaseException:
-            try:
-                self.pod_manager.delete_pod(pod_request_obj)
-            except Exception:
-                log.exception(
-                    "could not delete pod %s, which has no lease Secret", pod_request_obj.metadata.name
-                )
+            delete_pod_without_secret(pod_request_obj, delete=self.pod_manager.delete_pod)
             raise
         return pod_request_obj
 
     def create_lease_secret(self, pod: k8s.V1Pod) -> None:
-        """Create the Secret ``pod`` reads its lease token from, owned by ``pod``; keep it if it exists.
-
-        The Secret's name is a function of the lease (and is read from the pod itself), so an existing one
-        (409) holds this very token: a reattaching try, or a retried create, keeps using it. A pod rendered
-        without a lease Secret (by an earlier release, with the token as a literal) needs none.
-        """
-        name = lease_secret_ref(pod)
-        if name is None or self._pod_state is None:
-            return
-        body = lease_secret(self._pod_state, owner=pod, name=name)
-        try:
-            self.client.create_namespaced_secret(namespace=pod.metadata.namespace, body=body)
-        except ApiException as exc:
-            if exc.status != 409:
-                # Not chained: the exception's text is the whole HTTP exchange; the API's message is enough.
-                raise AirflowException(
-                    f"could not create the lease Secret {name} for pod {pod.metadata.name} in namespace "
-                    f"{pod.metadata.namespace}: HTTP {exc.status} {_api_message(exc)}; the worker's service "
-                    "account needs create on secrets there (docs/kubernetes.md)"
-                ) from None
-            log.info("keeping the existing lease Secret %s of pod %s", name, pod.metadata.name)
-        else:
-            log.info("created the lease Secret %s, owned by pod %s", name, pod.metadata.name)
+        """Create the lease Secret ``pod`` reads, owned by it, or keep it (after the pre-start step only; see
+        :func:`~airflow_stateful.kubernetes.lease_secrets.create_lease_secret`)."""
+        if self._pod_state is not None:
+            create_lease_secret(self.client, self._pod_state, pod)
 
     # -- running -----------------------------------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
-        self._session, self._pod_state, self._stop_requested = None, None, False
-        self._preferred_node = None
+        self._session, self._pod_state, self._preferred_node, self._stop_requested = None, None, None, False
         self.pod = self.pod_request_obj = self.remote_pod = None
         hook = self.state_hook()
         identity = self.stateful_identity(context)
@@ -393,7 +253,6 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
             # The namespace KubernetesPodOperator would use (operator, connection, in-cluster, "default").
             namespace = super().build_pod_request_obj(context, dry_run=True).metadata.namespace
             pods = self.find_stateful_pods(namespace, identity)
-            live = [p for p in pods if not terminated(p)]
             reattach, stale = (
                 choose_pods(
                     pods,
@@ -403,20 +262,13 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
                     checked_label=self.POD_CHECKED_KEY,
                 )
                 if self.reattach_on_restart
-                else (None, live)
+                else (None, [p for p in pods if not terminated(p)])
             )
             if reattach is not None:
                 state = self._reattach(context, hook, reattach)
             else:
                 state = self.prepare_state(context, hook)
-            for pod in stale:
-                log.warning(
-                    "deleting pod %s of %s: it has epoch %s, an older writer that is fenced",
-                    pod.metadata.name,
-                    identity,
-                    pod_epoch(pod),
-                )
-                self.pod_manager.delete_pod(pod)
+            delete_stale_pods(stale, identity=identity, delete=self.pod_manager.delete_pod)
             try:
                 result = super().execute(context)
             except Exception as exc:
@@ -457,17 +309,7 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
     def _finish(self, context: Any, state: PodState, result: Any) -> Any:
         assert self._session is not None
         head = self._session.checkpoints.head()
-        if head is None or head.epoch != state.lease.epoch:
-            raise AirflowException(
-                f"the pod finished, but {state.identity} is now at epoch {head.epoch if head else None}, not "
-                f"{state.lease.epoch}: a newer try or pod took over, so this pod's saves after that were refused"
-            )
-        code = has_failed_sidecar(self.remote_pod) if self.state_mode == "sidecar" else None
-        if code is not None:
-            raise AirflowException(
-                f"the state sidecar's final save failed with exit code {code} (3: fenced by a newer writer); "
-                "the latest checkpoint may miss the pod's last work"
-            )
+        check_pod_result(state, head=head, remote_pod=self.remote_pod, sidecar=self.state_mode == "sidecar")
         latest = self._session.checkpoints.latest()
         if latest is None:
             log.warning("the pod finished without saving a checkpoint of %s", state.identity)
@@ -486,24 +328,6 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
             self.termination_grace_period,
         )
         super().on_kill()
-
-
-def _affinity(value: Any) -> k8s.V1Affinity | None:
-    """A pod's affinity as a ``V1Affinity`` (KubernetesPodOperator leaves ``{}`` when there is none; a
-    mutation hook may set a dict)."""
-    if not value:
-        return None
-    if isinstance(value, k8s.V1Affinity):
-        return value
-    return convert_affinity(value)
-
-
-def _api_message(exc: ApiException) -> str:
-    """The ``message`` of the API server's Status answer (it never echoes a Secret's data), else the reason."""
-    try:
-        return str(json.loads(exc.body)["message"])
-    except (TypeError, ValueError, KeyError):
-        return str(exc.reason)
 
 
 PodStatePlan = PodState
