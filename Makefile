@@ -57,6 +57,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m pytest -q -p no:xdist -p no:cacheprovider tests/test_layout.py tests/test_import_contracts.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

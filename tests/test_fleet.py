@@ -418,7 +418,7 @@ def test_gc_plans_identities_in_parallel_in_key_order(
     plan = plan_gc(store, keep_last=1, now=time.time())
     assert store.most >= 4, "several identities were planned at once"
     assert [p.identity for p in plan.identities] == keys, "every identity keeps too many, in key order"
-    monkeypatch.setattr("airflow_stateful.core.fleet.gc.HEAD_READERS", 1)
+    monkeypatch.setattr("airflow_stateful.core.fleet.gc_plan.HEAD_READERS", 1)
     serial = plan_gc(store, keep_last=1, now=plan.now)
     assert [(p.identity, p.reasons, p.keep) for p in plan.identities] == [
         (p.identity, p.reasons, p.keep) for p in serial.identities

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -55,131 +54,62 @@ from airflow_stateful.core.errors import (
     PreconditionFailedError,
     StatefulError,
 )
-from airflow_stateful.core.fleet import lifetimes
-from airflow_stateful.core.fleet.catalog import HEAD_READERS, ordered_map
-from airflow_stateful.core.fleet.lifetimes import Lifetimes, RunStates, Verdict, lifetime_of
+from airflow_stateful.core.fleet.gc_plan import (
+    DEFAULT_MIN_AGE,
+    EXPIRED,
+    EXPIRED_STATE,
+    GARBAGE,
+    IDLE,
+    ORPHAN,
+    RELEASED,
+    RETENTION,
+    WHOLE,
+    GcPlan,
+    IdentityPlan,
+    Progress,
+    group_by_identity,
+    plan_gc,
+    plan_identity,
+    references_of,
+)
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.protocol.lease import Lease, check_holder
 from airflow_stateful.core.protocol.retention import (
     CrashGarbage,
-    IdleFor,
-    KeepLast,
-    References,
-    references,
     unreferenced,
 )
-from airflow_stateful.core.protocol.state_documents import MAX_DOCUMENT_BYTES, StateDocument, collect_expired
-from airflow_stateful.core.records.formats import DATA_DIR, HEAD_NAME, MANIFEST_DIR
+from airflow_stateful.core.protocol.state_documents import MAX_DOCUMENT_BYTES, StateDocument
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
-from airflow_stateful.core.records.trees import CHUNK_DIR, TREE_DIR
 from airflow_stateful.core.records.writer import WriterInfo
-from airflow_stateful.core.settings import GC_MIN_AGE, KEEP_FAILED_FOR, LEASE_GRACE
-from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
+from airflow_stateful.core.settings import LEASE_GRACE
+from airflow_stateful.core.stores.base import ObjectStore
 
 log = logging.getLogger("airflow_stateful")
 
-IDLE, RETENTION, GARBAGE, ORPHAN, EXPIRED = "idle", "retention", "crash-garbage", "orphan", "expired-state"
-RELEASED = lifetimes.RELEASED
-WHOLE = (IDLE, RELEASED)
-"""Reasons that delete a whole identity, head first."""
-EXPIRED_STATE = "~state-store"
-"""The pseudo-identity under which expired task/asset state documents are reported."""
-DEFAULT_MIN_AGE = GC_MIN_AGE
-
-Progress = Callable[[int], None]
+__all__ = [
+    "DEFAULT_MIN_AGE",
+    "EXPIRED",
+    "EXPIRED_STATE",
+    "GARBAGE",
+    "IDLE",
+    "ORPHAN",
+    "RELEASED",
+    "RETENTION",
+    "GarbageReport",
+    "GcPlan",
+    "GcResult",
+    "IdentityPlan",
+    "Progress",
+    "apply_gc",
+    "collect_garbage",
+    "group_by_identity",
+    "plan_gc",
+]
 
 
 class _Changed(StatefulError):
     """The head moved since the plan; the identity is skipped."""
-
-
-@dataclass
-class IdentityPlan:
-    """What GC will do to one identity (or, for ``EXPIRED_STATE``, to the state store documents)."""
-
-    identity: str
-    reasons: dict[str, list[str]] = field(default_factory=dict)
-    """Keys to delete, by reason (``idle``, ``retention``, ``crash-garbage``, ``orphan``, ``expired-state``)."""
-    bytes: int = 0
-    skipped: str | None = None
-    """What is left alone and why (a held lease)."""
-    head: HeadRecord | None = None
-    keep: tuple[str, ...] = ()
-    """For ``retention``: commit ids of the checkpoints the head keeps."""
-    break_token: str | None = None
-    """For ``crash-garbage``: the dead lease to break before its holder's objects are deleted."""
-    objects: dict[str, ObjectInfo] = field(default_factory=dict, repr=False)
-    lifetime: Verdict | None = None
-    """The lifetime verdict on the whole identity (why it is kept or deleted); ``None`` for an orphan."""
-
-    @property
-    def keys(self) -> list[str]:
-        return [k for keys in self.reasons.values() for k in keys]
-
-    def action(self, *, dry_run: bool, skipped: str | None = None) -> str:
-        """What a pass did (or would do) to this identity, for people: ``deleted``, ``skipped: why``, ...
-
-        :param skipped: why :func:`apply_gc` skipped the identity, if it did.
-        """
-        if skipped:
-            return f"skipped: {skipped}"
-        if not self.reasons:
-            return f"skipped: {self.skipped}"
-        verb = "would delete" if dry_run else "deleted"
-        return f"{verb} ({self.skipped})" if self.skipped else verb
-
-    @property
-    def why(self) -> str:
-        """One line for people: why the identity is deleted or kept as a whole."""
-        if ORPHAN in self.reasons:
-            return "orphan: objects without a head (a purge that stopped half-way)"
-        if self.identity == EXPIRED_STATE:
-            return "expired task/asset state documents"
-        return self.lifetime.reason if self.lifetime is not None else ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "identity": self.identity,
-            "reasons": {r: list(k) for r, k in self.reasons.items()},
-            "objects": len(self.keys),
-            "bytes": self.bytes,
-            "skipped": self.skipped,
-            "lifetime": self.why,
-        }
-
-
-@dataclass
-class GcPlan:
-    """The result of :func:`plan_gc`: per identity, the exact keys a real pass deletes."""
-
-    store: ObjectStore
-    now: float
-    grace: float = LEASE_GRACE
-    identities: list[IdentityPlan] = field(default_factory=list)
-    """Identities the pass changes (or leaves alone for a stated reason: ``skipped``)."""
-    kept: list[IdentityPlan] = field(default_factory=list)
-    """Every other identity, each with the lifetime verdict that keeps it (``gc --dry-run`` shows why)."""
-    airflow: str | None = None
-    """Where Airflow was asked whether runs are finished, or why it was not (for the report)."""
-
-    @property
-    def keys(self) -> list[str]:
-        return sorted(k for p in self.identities for k in p.keys)
-
-    @property
-    def everything(self) -> list[IdentityPlan]:
-        """Acted-on and kept identities, in key order."""
-        return sorted([*self.identities, *self.kept], key=lambda p: p.identity)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "store": self.store.url,
-            "now": self.now,
-            "airflow": self.airflow,
-            "identities": [p.to_json() for p in self.identities],
-            "kept": [{"identity": p.identity, "lifetime": p.why} for p in self.kept],
-        }
 
 
 @dataclass
@@ -202,180 +132,6 @@ class GarbageReport:
     deleted: list[str] = field(default_factory=list)
     bytes: int = 0
     skipped_reason: str | None = None
-
-
-def group_by_identity(store: ObjectStore, prefix: str = "") -> dict[str, list[ObjectInfo]]:
-    """One listing of the store, grouped by identity key; the library's ``~...`` top folders are left out.
-
-    ``~`` cannot occur in an identity segment, so the first ``/~`` of a key ends its identity.
-    """
-    groups: dict[str, list[ObjectInfo]] = {}
-    for info in store.list_objects(prefix):
-        cut = info.key.find("/~")
-        if info.key.startswith("~") or cut < 0:
-            continue
-        key = info.key[:cut]
-        rest = info.key[cut + 1 :]
-        if rest != HEAD_NAME and rest.partition("/")[0] not in (MANIFEST_DIR, DATA_DIR, TREE_DIR, CHUNK_DIR):
-            continue
-        try:
-            Identity.parse(key)
-        except ValueError:
-            continue
-        groups.setdefault(key, []).append(info)
-    return groups
-
-
-def _describe_lease(head: HeadRecord) -> str:
-    lease = head.lease
-    assert lease is not None
-    return f"{lease.holder.describe()}, renewed {lease.last_renewed}, until {lease.expires_at}"
-
-
-def _plan_identity(
-    store: ObjectStore,
-    key: str,
-    infos: list[ObjectInfo],
-    *,
-    now: float,
-    lives: Lifetimes | None,
-    keep_last: KeepLast | None,
-    garbage: CrashGarbage,
-    airflow: RunStates | None = None,
-) -> IdentityPlan:
-    item = IdentityPlan(identity=key, objects={i.key: i for i in infos})
-    identity = Identity.parse(key)
-    cs = CheckpointStore(store=store, identity=identity)
-    head = cs.head() if cs.heads.key in item.objects else None
-    item.head = head
-    cutoff = datetime.now(tz=timezone.utc) - garbage.min_age
-    if head is None:
-        # No head: a purge that crashed after deleting it (or a head deleted since the listing).
-        old = [i.key for i in infos if i.key != cs.heads.key and i.last_modified <= cutoff]
-        if old:
-            item.reasons[ORPHAN] = old
-        return item
-    held = head.lease is not None and not head.lease.dead(now, grace=garbage.grace)
-    notes: list[str] = []
-    if lives is not None:
-        item.lifetime = lifetime_of(
-            head, identity, now=now, lives=lives, grace=garbage.grace, airflow=airflow
-        )
-    if held:
-        # The writer is alive (or may be): its head is its own. Only garbage from before its lease goes.
-        idle = IdleFor(lives.idle_for) if lives is not None and lives.idle_for is not None else None
-        if idle is not None and idle.due(head, now):
-            notes.append("idle, but a held lease is never broken")
-        elif keep_last is not None and keep_last.due(head.checkpoints):
-            notes.append("retention is left to its writer")
-    elif item.lifetime is not None and item.lifetime.delete:
-        item.reasons[item.lifetime.action] = [i.key for i in infos]
-        return item
-    refs = _references(cs, head, notes)
-    if not held and keep_last is not None and keep_last.due(head.checkpoints):
-        keep, _drop = keep_last.split(list(head.checkpoints))
-        kept_head = head.evolve(checkpoints=tuple(keep))
-        freed = unreferenced(key, infos, kept_head, refs=_references(cs, kept_head, notes))
-        already = {i.key for i in unreferenced(key, infos, head, refs=refs)}
-        item.keep = tuple(e.commit_id for e in keep)
-        item.reasons[RETENTION] = [i.key for i in freed if i.key not in already]
-    stale, holders = garbage.split(key, infos, head, refs=refs)
-    if holders and held:
-        notes.append(f"{len(holders)} unreferenced object(s) written under it are kept")
-        holders = []
-    elif holders:
-        assert head.lease is not None
-        item.break_token = head.lease.token  # dead past its grace: break it, then its uploads are garbage
-    planned = set(item.keys)
-    found = [i.key for i in (*stale, *holders) if i.key not in planned]
-    if found:
-        item.reasons[GARBAGE] = found
-    if notes:
-        who = f"live lease held by {_describe_lease(head)}" if held else "partly skipped"
-        item.skipped = f"{who}: {'; '.join(notes)}"
-    return item
-
-
-def _references(cs: CheckpointStore, head: HeadRecord, notes: list[str]) -> References:
-    """What ``head``'s kept checkpoints need, their trees read; if a tree cannot be read, chunks are left alone."""
-    try:
-        return references(head, trees=cs.content.tree_of)
-    except StatefulError as exc:
-        notes.append(f"its chunks are left alone: {exc}")
-        return references(head)
-
-
-def plan_gc(
-    store: ObjectStore,
-    *,
-    now: float | None = None,
-    idle_for: timedelta | None = None,
-    release_after_success: timedelta | None = None,
-    keep_failed_for: timedelta | None = KEEP_FAILED_FOR,
-    airflow: RunStates | None = None,
-    keep_last: int | None = None,
-    min_age: timedelta = DEFAULT_MIN_AGE,
-    grace: float = LEASE_GRACE,
-    prefix: str = "",
-    expired_state: bool = True,
-    progress: Progress | None = None,
-    groups: dict[str, list[ObjectInfo]] | None = None,
-) -> GcPlan:
-    """Read the store and decide what a GC pass deletes, changing nothing.
-
-    :param now: seconds since the epoch for head times and state expiry (default: the wall clock).
-    :param idle_for: delete identities whose head was not updated for this long (default: never), unless their
-        task can still run or failed within ``keep_failed_for`` (:mod:`airflow_stateful.core.fleet.lifetimes`).
-    :param release_after_success: delete per-run state this long after its task succeeded (default: by age).
-    :param keep_failed_for: keep per-run state of a task that failed for good at least this long.
-    :param airflow: where to ask whether a run is finished before deleting its state (default: not asked;
-        the heads' recorded outcomes decide alone).
-    :param keep_last: keep at most this many checkpoints per identity (default: leave history alone).
-    :param min_age: unreferenced objects younger than this are left alone.
-    :param grace: seconds past its expiry before a lease counts as dead (``[stateful] lease_grace``).
-    :param prefix: only identities whose key starts with this.
-    :param expired_state: also plan the deletion of expired task/asset state documents (whole store).
-    :param progress: called once per identity planned.
-    :param groups: a listing already grouped by :func:`group_by_identity` (saves a listing).
-    """
-    now = time.time() if now is None else now
-    retention = KeepLast(keep_last) if keep_last is not None else None
-    lives = Lifetimes(
-        idle_for=idle_for, release_after_success=release_after_success, keep_failed_for=keep_failed_for
-    )
-    garbage = CrashGarbage(min_age=min_age, grace=grace)
-    plan = GcPlan(store=store, now=now, grace=grace)
-    if groups is None:
-        groups = group_by_identity(store, prefix)
-    listed = groups
-
-    def plan_identity(key: str) -> IdentityPlan:
-        return _plan_identity(
-            store,
-            key,
-            listed[key],
-            now=now,
-            lives=lives,
-            keep_last=retention,
-            garbage=garbage,
-            airflow=airflow,
-        )
-
-    # The identities' heads (and what their planning reads with them) are read HEAD_READERS at a time; the
-    # plans come back in key order, and the first that fails raises as the serial loop did.
-    for item in ordered_map(plan_identity, sorted(groups), workers=HEAD_READERS):
-        item.bytes = sum(item.objects[k].size for k in item.keys if k in item.objects)
-        if item.reasons or item.skipped:
-            plan.identities.append(item)
-        else:
-            plan.kept.append(item)
-        if progress:
-            progress(1)
-    if expired_state and not prefix:
-        report = collect_expired(store, now=datetime.fromtimestamp(now, tz=timezone.utc), dry_run=True)
-        if report.deleted:
-            plan.identities.append(IdentityPlan(identity=EXPIRED_STATE, reasons={EXPIRED: report.deleted}))
-    return plan
 
 
 def apply_gc(plan: GcPlan, *, progress: Progress | None = None) -> GcResult:
@@ -455,7 +211,7 @@ def _delete_garbage(cs: CheckpointStore, item: IdentityPlan, *, grace: float) ->
     still = {
         i.key
         for i in unreferenced(
-            item.identity, candidates, head, refs=_references(cs, head, []) if head else None
+            item.identity, candidates, head, refs=references_of(cs, head, []) if head else None
         )
     }
     protected_after = CrashGarbage(grace=grace).protected_after(head)
@@ -534,7 +290,7 @@ def collect_garbage(
     """Delete one identity's crash garbage older than ``min_age`` (never what a held lease may still use)."""
     identity = checkpoints.identity
     infos = list(checkpoints.store.list_objects(f"{identity.key}/"))
-    item = _plan_identity(
+    item = plan_identity(
         checkpoints.store,
         identity.key,
         [i for i in infos if i.key.startswith(f"{identity.key}/~")],

@@ -34,7 +34,8 @@ class Fields:
         self.body = body
         self.what = what
 
-    def _bad(self, name: str, expected: str) -> CheckpointCorruptError:
+    def bad(self, name: str, expected: str) -> CheckpointCorruptError:
+        """The error for field ``name`` not being ``expected`` (its value shown, cut to 80 characters)."""
         value = repr(self.body.get(name))
         shown = value if len(value) <= 80 else value[:77] + "..."
         return CheckpointCorruptError(f"{self.what}: field {name!r} must be {expected}, not {shown}")
@@ -47,7 +48,7 @@ class Fields:
     ) -> int:
         value = self.body.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-            raise self._bad(name, f"an integer from {minimum} to {maximum}")
+            raise self.bad(name, f"an integer from {minimum} to {maximum}")
         return value
 
     def optional_integer(self, name: str, *, minimum: int = 0, maximum: int = MAX_INT) -> int | None:
@@ -61,13 +62,13 @@ class Fields:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not minimum <= value <= maximum:
-            raise self._bad(name, f"a number from {minimum:g} to {maximum:g}")
+            raise self.bad(name, f"a number from {minimum:g} to {maximum:g}")
         return float(value)
 
     def boolean(self, name: str, *, default: bool = False) -> bool:
         value = self.body.get(name, default)
         if not isinstance(value, bool):
-            raise self._bad(name, "true or false")
+            raise self.bad(name, "true or false")
         return value
 
     def text(
@@ -80,9 +81,9 @@ class Fields:
     ) -> str:
         value = self.body.get(name, default)
         if not isinstance(value, str) or len(value) > max_len or "\x00" in value:
-            raise self._bad(name, f"a string of at most {max_len} characters without NUL")
+            raise self.bad(name, f"a string of at most {max_len} characters without NUL")
         if pattern is not None and not pattern.match(value):
-            raise self._bad(name, f"a string matching {pattern.pattern}")
+            raise self.bad(name, f"a string matching {pattern.pattern}")
         return value
 
     def optional_text(self, name: str, *, max_len: int = MAX_TEXT) -> str | None:
@@ -105,9 +106,9 @@ class Fields:
         try:
             parsed = datetime.fromisoformat(value)
         except ValueError:
-            raise self._bad(name, "an ISO 8601 timestamp") from None
+            raise self.bad(name, "an ISO 8601 timestamp") from None
         if parsed.tzinfo is None:
-            raise self._bad(name, "an ISO 8601 timestamp with a time zone")
+            raise self.bad(name, "an ISO 8601 timestamp with a time zone")
         return value
 
     def optional_time(self, name: str) -> str | None:
@@ -116,13 +117,13 @@ class Fields:
     def items(self, name: str, *, max_items: int, default: list[Any] | None = None) -> list[Any]:
         value = self.body.get(name, default)
         if not isinstance(value, list) or len(value) > max_items:
-            raise self._bad(name, f"a list of at most {max_items} items")
+            raise self.bad(name, f"a list of at most {max_items} items")
         return value
 
     def mapping(self, name: str, *, default: dict[str, Any] | None = None) -> dict[str, Any]:
         value = self.body.get(name, default)
         if not isinstance(value, dict):
-            raise self._bad(name, "a JSON object")
+            raise self.bad(name, "a JSON object")
         return value
 
     def optional_mapping(self, name: str) -> dict[str, Any] | None:
@@ -131,5 +132,5 @@ class Fields:
     def equal(self, name: str, expected: Any) -> Any:
         value = self.body.get(name)
         if value != expected:
-            raise self._bad(name, repr(expected))
+            raise self.bad(name, repr(expected))
         return value

@@ -151,10 +151,10 @@ class TryOutcome:
         f = Fields(data, what=what)
         state = f.text("state", max_len=32)
         if state not in STATES:
-            raise f._bad("state", f"one of {', '.join(STATES)}")
+            raise f.bad("state", f"one of {', '.join(STATES)}")
         if_killed = f.optional_text("if_killed", max_len=32)
         if if_killed not in (None, UP_FOR_RETRY, FAILED):
-            raise f._bad("if_killed", "up_for_retry or failed")
+            raise f.bad("if_killed", "up_for_retry or failed")
         return cls(
             state=state,
             at=f.time("at"),
