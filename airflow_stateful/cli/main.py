@@ -24,8 +24,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import logging
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +31,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_stateful.cli.output import TABLE_PAGE, emit
+from airflow_stateful.cli.common import checkpoints_of, lifetimes, logs_to_stderr, open_store, progress
+from airflow_stateful.cli.exit_codes import EXIT_LEASE, EXIT_NOT_FOUND, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
+from airflow_stateful.cli.output import TABLE_PAGE, emit, hms
 from airflow_stateful.core.data.restore_modes import EMPTY, MODES, refusal
 from airflow_stateful.core.durations import parse_duration
 from airflow_stateful.core.errors import (
@@ -51,7 +51,6 @@ from airflow_stateful.core.fleet.lifetimes import Lifetimes, RunStates, judge
 from airflow_stateful.core.fleet.status import STATUSES, WorkStatus
 from airflow_stateful.core.fleet.stuck import IdentityStatus, find_stuck, identity_statuses
 from airflow_stateful.core.fleet.usage import DEFAULT_PRICE_PER_GB_MONTH, GB, disk_usage
-from airflow_stateful.core.fleet.walk_progress import ItemProgress
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.records.cursors import cursors_to_json, describe_cursors, read_cursors
 from airflow_stateful.core.records.heads import HeadRecord
@@ -62,41 +61,6 @@ from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL, KEEP_FAILED_FOR
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import utcnow_iso
-
-_log = logging.getLogger("airflow_stateful")
-
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_LEASE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
-
-
-def open_store(args: argparse.Namespace) -> ObjectStore:
-    """The store through :class:`~airflow_stateful.hooks.state.StateHook`, as tasks open it.
-
-    ``--backend`` else ``[stateful] backend_url`` (``AIRFLOW__STATEFUL__BACKEND_URL`` included); S3 credentials
-    and endpoint from the connection (``--conn-id`` else ``[stateful] conn_id``; a missing connection falls
-    back to boto3's standard chain); ``--endpoint-url`` (or ``STATEFUL_S3_ENDPOINT_URL``) overrides the
-    endpoint. The lease grace GC honours is read from the same settings.
-    """
-    from airflow_stateful.hooks.state import StateHook
-
-    hook = StateHook(
-        backend_url=args.backend,
-        conn_id=args.conn_id,
-        endpoint_url=args.endpoint_url or os.environ.get("STATEFUL_S3_ENDPOINT_URL") or None,
-    )
-    args.lease_grace = hook.lease_grace
-    args.settings = hook.settings
-    if getattr(args, "default_interval", None) is None:
-        args.default_interval = timedelta(seconds=hook.settings.expected_checkpoint_interval)
-    _logs_to_stderr()  # after Airflow (imported above) configured logging, before boto3 logs anything
-    return hook.get_store()
-
-
-def checkpoints_of(store: ObjectStore, key: str) -> CheckpointStore:
-    cs = CheckpointStore(store=store, identity=Identity.parse(key))
-    if cs.head() is None:
-        raise CheckpointNotFoundError(f"identity {key!r} has no state in {store.url}")
-    return cs
-
 
 LS_COLUMNS = ["identity", "seq", "kept", "bytes", "epoch", "lease", "status", "outcome", "updated"]
 
@@ -182,15 +146,11 @@ def _stuck_row(item: IdentityStatus) -> dict[str, Any]:
     return {
         "identity": item.identity.key,
         "holder": lease.holder.describe() if lease else None,
-        "since_progress": _hms(status.since_progress),
-        "expected": _hms(status.expected_interval),
+        "since_progress": hms(status.since_progress),
+        "expected": hms(status.expected_interval),
         "renewed": lease.last_renewed if lease else None,
         "reason": status.reason,
     }
-
-
-def _hms(seconds: float | None) -> str | None:
-    return None if seconds is None else str(timedelta(seconds=int(max(seconds, 0))))
 
 
 OUTPUT_COLUMNS = ["name", "kind", "size", "sha256", "seq", "committed_at", "try", "location"]
@@ -438,7 +398,7 @@ def _cmd_verify(args: argparse.Namespace, store: ObjectStore) -> int:
     if not keys:
         raise CheckpointNotFoundError(f"no identity in {store.url}")
     rows, bad = [], 0
-    bar = _progress("verify", len(keys))
+    bar = progress("verify", len(keys))
     for key in keys:
         bar()
         try:
@@ -465,20 +425,6 @@ def _cmd_verify(args: argparse.Namespace, store: ObjectStore) -> int:
     return EXIT_PROBLEM if bad else EXIT_OK
 
 
-def _progress(label: str, total: int) -> ItemProgress:
-    return ItemProgress(label=label, total=total, logger=_log)
-
-
-def _lifetimes(args: argparse.Namespace) -> Lifetimes:
-    """The options (``--idle-for``, ``--release-after-success``, ``--keep-failed-for``), else ``[stateful]``."""
-    return Lifetimes.configured(
-        args.settings,
-        idle_for=args.idle_for,
-        release_after_success=args.release_after_success,
-        keep_failed_for=args.keep_failed_for,
-    )
-
-
 def _airflow_run_states(args: argparse.Namespace) -> tuple[RunStates | None, str]:
     """Where GC asks whether runs are finished (``--airflow-conn-id``: the REST API; ``--airflow db``/``auto``: the
     metadata database), and a line saying which or why not. ``--airflow db`` without a database is an error."""
@@ -492,7 +438,7 @@ def _airflow_run_states(args: argparse.Namespace) -> tuple[RunStates | None, str
     from airflow_stateful.cli.airflow_db import metadata_db_run_states
 
     db, line = metadata_db_run_states()
-    _logs_to_stderr()  # opening Airflow's database configures Airflow's logging, which points it at stdout
+    logs_to_stderr()  # opening Airflow's database configures Airflow's logging, which points it at stdout
     if db is None and args.airflow == "db":
         raise ConfigurationError(f"--airflow db: {line}")
     if db is None:
@@ -504,10 +450,10 @@ def _cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
     """Plan, then (unless ``--dry-run``) apply: both print the same rows for an unchanged store, one per identity,
     each saying why it is kept or deleted (the ``why`` column; ``lifetime`` in ``--json``)."""
     groups = group_by_identity(store, args.prefix or "")
-    lives = _lifetimes(args)
+    lives = lifetimes(args)
     airflow, asked = _airflow_run_states(args)
     print(f"gc: asking {asked}" if airflow is not None else f"gc: {asked}", file=sys.stderr)
-    bar = _progress("gc: planning", len(groups))
+    bar = progress("gc: planning", len(groups))
     plan = plan_gc(
         store,
         idle_for=lives.idle_for,
@@ -524,7 +470,7 @@ def _cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
     bar.finish()
     skipped: dict[str, str] = {}
     if not args.dry_run:
-        bar = _progress("gc: deleting", len(plan.identities))
+        bar = progress("gc: deleting", len(plan.identities))
         skipped = apply_gc(plan, progress=bar).skipped
         bar.finish()
     rows = []
@@ -562,7 +508,7 @@ def _cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
     price = args.price_per_gb_month
     total = {"checkpoints": 0, "objects": 0, "bytes": 0, "garbage_bytes": 0}
     errors = 0
-    lives = _lifetimes(args)
+    lives = lifetimes(args)
 
     def rows() -> Iterator[dict[str, Any]]:
         nonlocal errors
@@ -653,7 +599,7 @@ def _statuses(text: str) -> list[str]:
 
 
 def _add_default_interval(p: argparse.ArgumentParser) -> None:
-    default = _hms(EXPECTED_CHECKPOINT_INTERVAL.total_seconds())
+    default = hms(EXPECTED_CHECKPOINT_INTERVAL.total_seconds())
     p.add_argument(
         "--default-interval",
         type=_interval,
@@ -677,7 +623,7 @@ def _add_lifetimes(p: argparse.ArgumentParser) -> None:
         type=_duration,
         metavar="DURATION",
         help="keep per-run state of a task that failed for good at least this long, so a cleared task resumes "
-        f"(default: [stateful] keep_failed_for, {_hms(KEEP_FAILED_FOR.total_seconds())}; 0: no minimum)",
+        f"(default: [stateful] keep_failed_for, {hms(KEEP_FAILED_FOR.total_seconds())}; 0: no minimum)",
     )
 
 
@@ -833,20 +779,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lifetimes(p)
     p.set_defaults(run=_cmd_du)
     return parser
-
-
-def _logs_to_stderr() -> None:
-    """Keep stdout for results (tables, JSON): importing Airflow points logging at stdout."""
-    for name in ("botocore", "boto3", "s3transfer", "urllib3", "airflow"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    ours = logging.getLogger("airflow_stateful")
-    if not any(getattr(h, "_stateful_cli", False) for h in ours.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        handler._stateful_cli = True  # type: ignore[attr-defined]
-        ours.addHandler(handler)
-    ours.setLevel(logging.INFO)
-    ours.propagate = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
