@@ -24,8 +24,8 @@ from s3_endpoint import S3Endpoint
 from test_cli import LS_HEADER
 
 from airflow_stateful.cli.commands.fleet import cmd_du, cmd_ls
+from airflow_stateful.cli.definition import build_parser
 from airflow_stateful.cli.exit_codes import EXIT_OK, EXIT_PROBLEM
-from airflow_stateful.cli.main import build_parser
 from airflow_stateful.core import CheckpointStore, Identity
 from airflow_stateful.core.errors import CheckpointCorruptError
 from airflow_stateful.core.fleet.catalog import HEAD_READERS, list_identities, ordered_map, read_heads
