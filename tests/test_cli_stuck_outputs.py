@@ -202,7 +202,7 @@ def test_stuck_exits_2_when_it_cannot_check(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("the listing broke")
 
-    monkeypatch.setattr("airflow_stateful.cli.main.find_stuck", broken)
+    monkeypatch.setattr("airflow_stateful.cli.commands.fleet.find_stuck", broken)
     code, _, err = cli(capsys, url, "stuck")
     assert code == 2 and "RuntimeError: the listing broke" in err, "never 1, which would read as 'stuck'"
     with pytest.raises(SystemExit) as exc:

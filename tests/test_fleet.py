@@ -23,7 +23,9 @@ import pytest
 from s3_endpoint import S3Endpoint
 from test_cli import LS_HEADER
 
-from airflow_stateful.cli.main import EXIT_OK, EXIT_PROBLEM, _cmd_du, _cmd_ls, build_parser
+from airflow_stateful.cli.commands.fleet import cmd_du, cmd_ls
+from airflow_stateful.cli.definition import build_parser
+from airflow_stateful.cli.exit_codes import EXIT_OK, EXIT_PROBLEM
 from airflow_stateful.core import CheckpointStore, Identity
 from airflow_stateful.core.errors import CheckpointCorruptError
 from airflow_stateful.core.fleet.catalog import HEAD_READERS, list_identities, ordered_map, read_heads
@@ -93,7 +95,7 @@ def ls(store: ObjectStore, *args: str) -> tuple[int, str]:
     """``airflow-stateful ls ARGS`` on ``store``, in this process: the exit code and stdout."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = _cmd_ls(build_parser().parse_args(["ls", *args]), store)
+        code = cmd_ls(build_parser().parse_args(["ls", *args]), store)
     return code, out.getvalue()
 
 
@@ -260,7 +262,7 @@ def test_ls_prints_its_first_row_before_the_last_head_is_read(
 
     terminal = Terminal()
     monkeypatch.setattr("sys.stdout", terminal)
-    assert _cmd_ls(build_parser().parse_args(["ls", "--json"]), store) == EXIT_OK
+    assert cmd_ls(build_parser().parse_args(["ls", "--json"]), store) == EXIT_OK
     assert [r["identity"] for r in json.loads(terminal.getvalue())] == keys
     assert store.gets == len(keys)
     assert 1 <= reads_at_first_write[0] <= 4 * HEAD_READERS + 1 < len(keys)
@@ -399,7 +401,7 @@ def test_du_streams_rows_and_reports_a_corrupt_head_with_its_bytes(
         settings=StatefulSettings(backend_url=store.url),
         lease_grace=60.0,
     )
-    assert _cmd_du(args, store) == EXIT_PROBLEM
+    assert cmd_du(args, store) == EXIT_PROBLEM
     rows = json.loads(out.getvalue())
     keys = [r["identity"] for r in rows]
     assert keys == [*sorted({*identities_by_walking(store, ""), "orphan/job"}), "TOTAL"]

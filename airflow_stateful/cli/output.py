@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from typing import Any, TextIO
 
 TABLE_PAGE = 100
@@ -48,6 +49,12 @@ def emit(
     if batch or not count:
         _table_page(batch, columns, widths, out, header=count == len(batch))
     return count
+
+
+def hms(seconds: float | None) -> str | None:
+    """A duration as people read it (``1 day, 2:03:04``; negative is ``0:00:00``): ``stuck``'s columns and the
+    defaults the help text states, so both say an interval the same way."""
+    return None if seconds is None else str(timedelta(seconds=int(max(seconds, 0))))
 
 
 def _json_array(rows: Iterable[dict[str, Any]], out: TextIO) -> int:

@@ -1,0 +1,195 @@
+"""``ls``, ``stuck`` and ``du``: every identity under a prefix, one row each.
+
+Together because they walk the whole store the same way (one delimited listing, heads read a few at a time, a
+row printed as soon as it is read) and answer the fleet-wide questions: what is there, what is stuck, what it
+costs. A head that cannot be read is a row with its ``error``, never a reason to stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from airflow_stateful.cli.common import lifetimes
+from airflow_stateful.cli.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
+from airflow_stateful.cli.output import TABLE_PAGE, emit, hms
+from airflow_stateful.core.fleet.lifetimes import Lifetimes, judge
+from airflow_stateful.core.fleet.status import STATUSES, WorkStatus
+from airflow_stateful.core.fleet.stuck import IdentityStatus, find_stuck, identity_statuses
+from airflow_stateful.core.fleet.usage import GB, disk_usage
+from airflow_stateful.core.records.heads import HeadRecord
+from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.core.timestamps import utcnow_iso
+
+LS_COLUMNS = ["identity", "seq", "kept", "bytes", "epoch", "lease", "status", "outcome", "updated"]
+
+
+def cmd_ls(args: argparse.Namespace, store: ObjectStore) -> int:
+    """One delimited listing (an entry per identity), the heads read a few at a time, each row printed as
+    soon as it and those before it are read. A head that cannot be read is a row with its ``error`` (shown
+    whatever ``--status`` asks for: its status is unknown), the others are still listed, and the exit code
+    is 1. ``status`` is :func:`~airflow_stateful.core.fleet.status.work_status` at the moment the head was read."""
+    errors = 0
+    wanted = set(args.status or STATUSES)
+
+    def rows() -> Iterator[dict[str, Any]]:
+        nonlocal errors
+        for item in identity_statuses(store, args.prefix or "", default_interval=args.default_interval):
+            if item.error is not None:
+                errors += 1
+                yield {"identity": item.identity.key, **dict.fromkeys(LS_COLUMNS[1:]), "error": item.error}
+            elif item.head is not None and item.status is not None and item.status.status in wanted:
+                yield _ls_row(item.identity, item.head, item.status)
+
+    emit(rows(), LS_COLUMNS, as_json=args.json, page=TABLE_PAGE)
+    return EXIT_PROBLEM if errors else EXIT_OK
+
+
+def _ls_row(identity: Identity, head: HeadRecord, status: WorkStatus) -> dict[str, Any]:
+    latest = head.latest
+    lease = head.lease
+    return {
+        "identity": identity.key,
+        "seq": latest.seq if latest else None,
+        "kept": len(head.checkpoints),
+        "bytes": latest.total_size if latest else 0,
+        "epoch": head.epoch,
+        "lease": lease.holder.describe() if lease else None,
+        "updated": head.updated_at,
+        **status.to_json(),  # status, since_progress_seconds, checkpoint_age_seconds, ..., reason
+        # How the newest try ended (Airflow's words), what GC judges lifetimes by; the whole record in --json.
+        "outcome": head.outcome.describe() if head.outcome else None,
+        "outcome_record": head.outcome.to_json() if head.outcome else None,
+        "pinned": [e.seq for e in head.pinned],
+    }
+
+
+STUCK_COLUMNS = ["identity", "holder", "since_progress", "expected", "renewed", "reason"]
+SHOWN_DEAD = 20
+"""Dead identities named on stderr by ``stuck`` (the JSON report has them all)."""
+
+
+def cmd_stuck(args: argparse.Namespace, store: ObjectStore) -> int:
+    """The stuck check (:func:`~airflow_stateful.core.fleet.stuck.find_stuck`, as ``StatefulStuckCheckOperator``
+    runs it): the stuck identities on stdout (a table, or with ``--json`` the whole report: stuck, dead and
+    unreadable identities, counts), a summary and the dead ones on stderr. Exit 1 when any is stuck, else 2
+    when a head could not be read, else 0."""
+    if args.prefix and args.prefix_option and args.prefix != args.prefix_option:
+        raise ValueError(f"two different prefixes: {args.prefix!r} and --prefix {args.prefix_option!r}")
+    report = find_stuck(
+        store, args.prefix or args.prefix_option or "", default_interval=args.default_interval
+    )
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        emit([*map(_stuck_row, report.stuck), *map(_stuck_row, report.errors)], STUCK_COLUMNS, as_json=False)
+    print(report.summary(), file=sys.stderr)
+    if report.dead:
+        names = ", ".join(d.identity.key for d in report.dead[:SHOWN_DEAD])
+        more = f" and {len(report.dead) - SHOWN_DEAD} more" if len(report.dead) > SHOWN_DEAD else ""
+        print(
+            f"not stuck but dead (lease expired, the writer is gone; Airflow retries the task, "
+            f"`airflow-stateful unlock` frees it): {names}{more}",
+            file=sys.stderr,
+        )
+    if report.stuck:
+        return EXIT_PROBLEM
+    return EXIT_USAGE if report.errors else EXIT_OK
+
+
+def _stuck_row(item: IdentityStatus) -> dict[str, Any]:
+    if item.error is not None or item.status is None:
+        return {"identity": item.identity.key, "error": item.error}
+    lease = item.head.lease if item.head is not None else None
+    status = item.status
+    return {
+        "identity": item.identity.key,
+        "holder": lease.holder.describe() if lease else None,
+        "since_progress": hms(status.since_progress),
+        "expected": hms(status.expected_interval),
+        "renewed": lease.last_renewed if lease else None,
+        "reason": status.reason,
+    }
+
+
+def cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
+    """One full listing (sizes are only in listings), then the heads read a few at a time, each identity's row
+    printed as soon as it is read, and a TOTAL row. A head that cannot be read leaves its row with an
+    ``error`` (its bytes still count) and the exit code 1."""
+    price = args.price_per_gb_month
+    total = {"checkpoints": 0, "objects": 0, "bytes": 0, "garbage_bytes": 0}
+    errors = 0
+    lives = lifetimes(args)
+
+    def rows() -> Iterator[dict[str, Any]]:
+        nonlocal errors
+        for u in disk_usage(store, prefix=args.prefix or ""):
+            for field in total:
+                total[field] += getattr(u, field)
+            row = {
+                "identity": u.identity,
+                "checkpoints": u.checkpoints,
+                "objects": u.objects,
+                "bytes": u.bytes,
+                "garbage_bytes": u.garbage_bytes,
+                "idle": _age(u.idle_seconds),
+                "idle_seconds": u.idle_seconds,
+                "usd_per_month": round(u.monthly_cost(price), 6),
+                "outcome": u.head.outcome.state if u.head is not None and u.head.outcome else None,
+                **_lifetime(u.head, u.identity, lives, args.lease_grace),
+            }
+            if u.error is not None:
+                errors += 1
+                row["error"] = u.error
+            yield row
+        yield {
+            "identity": "TOTAL",
+            **total,
+            "idle": None,
+            "idle_seconds": None,
+            "usd_per_month": round(total["bytes"] / GB * price, 6),
+            "outcome": None,
+            "lifetime": None,
+            "lifetime_until": None,
+        }
+
+    columns = [
+        "identity",
+        "checkpoints",
+        "objects",
+        "bytes",
+        "garbage_bytes",
+        "idle",
+        "usd_per_month",
+        "outcome",
+        "lifetime",
+    ]
+    emit(rows(), columns, as_json=args.json, page=TABLE_PAGE)
+    return EXIT_PROBLEM if errors else EXIT_OK
+
+
+def _age(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    days, rest = divmod(int(seconds), 86400)
+    return f"{days}d{rest // 3600}h" if days else f"{rest // 3600}h{rest % 3600 // 60}m"
+
+
+def _lifetime(head: HeadRecord | None, key: str, lives: Lifetimes, grace: float) -> dict[str, Any]:
+    """What GC would do with the identity by the heads alone (``du`` asks Airflow nothing): the verdict, and when
+    a keep ends by itself (``lifetime_until``, in ``--json``)."""
+    verdict = None
+    if head is not None:
+        with contextlib.suppress(ValueError):
+            verdict = judge(head, Identity.parse(key), now=time.time(), lifetimes=lives, grace=grace)
+    until = verdict.until if verdict is not None else None
+    return {
+        "lifetime": verdict.reason if verdict is not None else None,
+        "lifetime_until": utcnow_iso(until) if until is not None else None,
+    }
