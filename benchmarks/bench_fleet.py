@@ -18,7 +18,7 @@ case's median over ``--repeat`` runs:
     the algorithm ``ls`` had before (list every object, read each head in turn, print at the end), kept here
     as :func:`ls_before` so it runs on the same server in the same process.
 ``ls``
-    ``airflow-stateful ls`` called in-process (``_cmd_ls``, Python start-up excluded), its table written to
+    ``airflow-stateful ls`` called in-process (``cmd_ls``, Python start-up excluded), its table written to
     /dev/null: the delimited listing and the heads read ``HEAD_READERS`` at a time, printed as they come.
 
 Also printed: the requests each case sends (counted per operation with a botocore ``before-call`` handler),
@@ -62,7 +62,8 @@ import boto3
 from bench_rows import moto_endpoint, timed_row, write_json_out  # this folder
 from botocore.config import Config
 
-from airflow_stateful.cli.main import _cmd_ls, build_parser
+from airflow_stateful.cli.commands.fleet import cmd_ls
+from airflow_stateful.cli.definition import build_parser
 from airflow_stateful.cli.output import emit
 from airflow_stateful.core.fleet.catalog import HEAD_READERS, list_identities, read_heads
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
@@ -147,7 +148,7 @@ def seed(store: ObjectStore, count: int, files: int) -> int:
 
 # -- the cases ------------------------------------------------------------------------------------------------
 def ls_before(store: ObjectStore, expected: int) -> int:
-    """``ls`` as it was before the delimited listing (the old ``list_identities`` and ``_cmd_ls``): list every
+    """``ls`` as it was before the delimited listing (the old ``list_identities`` and ``cmd_ls``): list every
     object, keep the heads, read each head in turn, print everything at the end."""
     rows = []
     for info in store.list_objects(""):
@@ -193,7 +194,7 @@ def ls_now(store: ObjectStore, expected: int) -> int:
     """``airflow-stateful ls`` in this process; its table must hold a row per identity."""
     out = Lines()
     with contextlib.redirect_stdout(out):
-        code = _cmd_ls(build_parser().parse_args(["ls"]), store)
+        code = cmd_ls(build_parser().parse_args(["ls"]), store)
     assert code == 0 and out.lines == expected + 1, f"ls exited {code} after {out.lines} lines"
     return out.lines - 1
 
