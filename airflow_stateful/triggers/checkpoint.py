@@ -21,7 +21,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_stateful.core.errors import StatefulError
 from airflow_stateful.core.fleet.conditions import CheckpointCondition, Verdict
-from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.protocol.reader import CheckpointReader
 from airflow_stateful.core.records.identity import Identity
 
 
@@ -82,7 +82,7 @@ class CheckpointTrigger(BaseTrigger):
             },
         )
 
-    def _open(self) -> CheckpointStore:
+    def _open(self) -> CheckpointReader:
         """The identity's checkpoint store, with credentials resolved here, in the triggerer.
 
         This runs in a worker thread (``asyncio.to_thread``) and goes through the sync StateHook, so the
@@ -99,14 +99,14 @@ class CheckpointTrigger(BaseTrigger):
         return hook.checkpoint_store(Identity.parse(self.identity))
 
     @staticmethod
-    def _poll(checkpoints: CheckpointStore, condition: CheckpointCondition) -> tuple[Verdict, str | None]:
+    def _poll(checkpoints: CheckpointReader, condition: CheckpointCondition) -> tuple[Verdict, str | None]:
         head = checkpoints.head()
         verdict = condition.evaluate(head, checkpoints.latest, now=time.time())
         return verdict, head.updated_at if head is not None else None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         condition = CheckpointCondition.from_dict(self.condition)
-        checkpoints: CheckpointStore | None = None
+        checkpoints: CheckpointReader | None = None
         where = self.backend_url or "[stateful] backend_url"
         try:
             # boto3 is synchronous: every store call runs in a thread so the triggerer's loop stays free.
