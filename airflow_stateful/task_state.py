@@ -138,7 +138,7 @@ class TaskState:
     @property
     def store_url(self) -> str:
         """Where the state lives (``s3://bucket/prefix`` or ``file:///path``; never a credential)."""
-        return self._session.checkpoints.store.url
+        return self._session.store_url
 
     @property
     def resumed(self) -> bool:
@@ -205,7 +205,7 @@ class TaskState:
         """The committed outputs of this identity as of :attr:`checkpoint`: name -> size, SHA-256, location, the
         checkpoint that committed it. Empty before the first commit that carried outputs; staged outputs are
         not listed (see :attr:`staged_outputs`)."""
-        return self._session.checkpoints.outputs(self._latest) if self._latest is not None else {}
+        return self._session.outputs(self._latest) if self._latest is not None else {}
 
     @property
     def staged_outputs(self) -> list[str]:
@@ -218,7 +218,7 @@ class TaskState:
 
     def history(self) -> list[CheckpointEntry]:
         """The kept checkpoints of this identity, newest first."""
-        return self._session.checkpoints.history()
+        return self._session.history()
 
     # -- writing -------------------------------------------------------------------------------------------
     @overload

@@ -308,9 +308,9 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
 
     def _finish(self, context: Any, state: PodState, result: Any) -> Any:
         assert self._session is not None
-        head = self._session.checkpoints.head()
+        head = self._session.head()
         check_pod_result(state, head=head, remote_pod=self.remote_pod, sidecar=self.state_mode == "sidecar")
-        latest = self._session.checkpoints.latest()
+        latest = self._session.read_latest()
         if latest is None:
             log.warning("the pod finished without saving a checkpoint of %s", state.identity)
         ref = state.reference(latest)

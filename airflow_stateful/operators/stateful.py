@@ -172,7 +172,7 @@ def log_cache_warmth(session: WriterSession, cache: LocalChunkCache) -> None:
     if latest is None or not latest.has_files:
         return
     try:
-        tree = session.checkpoints.tree(latest)
+        tree = session.tree(latest)
         if tree is not None:
             log.info("%s", warmth(latest, tree, cache, here=session.writer).describe())
     except Exception as exc:

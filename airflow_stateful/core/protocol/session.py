@@ -47,6 +47,7 @@ from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.protocol.lease import Lease, check_holder
 from airflow_stateful.core.protocol.lease_keeper import LeaseKeeper
 from airflow_stateful.core.protocol.migrations import validate_schema
+from airflow_stateful.core.protocol.staging import OutputStage
 from airflow_stateful.core.protocol.upgrades import (
     ON_INCOMPATIBLE,
     UpgradeRules,
@@ -56,10 +57,11 @@ from airflow_stateful.core.protocol.upgrades import (
 from airflow_stateful.core.records.code_identity import ON_CODE_CHANGE, CodeIdentity
 from airflow_stateful.core.records.codecs import JSON, check_codec
 from airflow_stateful.core.records.formats import MAX_EXPECTED_INTERVAL
+from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
 from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.records.outcomes import FAILED, RUNNING, UP_FOR_RETRY, TryOutcome
-from airflow_stateful.core.records.outputs import StagedOutput
-from airflow_stateful.core.records.trees import ChunkRef
+from airflow_stateful.core.records.outputs import OutputInfo, StagedOutput
+from airflow_stateful.core.records.trees import Tree
 from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL, RENEW_FRACTION
 
@@ -192,7 +194,7 @@ class WriterSession:
         self._value: Any = None
         self._in_doubt: tuple[Manifest, Any] | None = None  # a commit whose outcome was unknown
         #: Outputs published since the last commit, by name: made visible by the next commit (see publish()).
-        self._staged: dict[str, StagedOutput] = {}
+        self._stage = OutputStage()
         self._progress_at = time.monotonic()  # the last commit of this session, or its start
         self._stuck_reported = False
         self.restore_cache: LocalChunkCache | None = None
@@ -209,6 +211,32 @@ class WriterSession:
         names where this writer runs in the line a restore logs (the pod client says ``"this pod"``)."""
         self.restore_cache, self._cache_runner = cache, runner
         self.checkpoints.chunk_cache = cache  # uploads fill it from memory
+
+    def history(self) -> list[CheckpointEntry]:
+        """The identity's kept checkpoints, newest first (read now)."""
+        return self.checkpoints.history()
+
+    def head(self) -> HeadRecord | None:
+        """The identity's head as it is now (read now)."""
+        return self.checkpoints.head()
+
+    def read_latest(self) -> Manifest | None:
+        """The newest checkpoint as the store has it now: another process (the pod this operator runs) may have
+        committed since :attr:`latest`, which is this session's own view."""
+        return self.checkpoints.latest()
+
+    def outputs(self, manifest: Manifest) -> dict[str, OutputInfo]:
+        """The outputs ``manifest`` carries, by name."""
+        return self.checkpoints.outputs(manifest)
+
+    def tree(self, manifest: Manifest) -> Tree | None:
+        """The file tree of ``manifest`` (no request for one this writer just wrote or read)."""
+        return self.checkpoints.tree(manifest)
+
+    @property
+    def store_url(self) -> str:
+        """Where the identity's objects live."""
+        return self.checkpoints.store.url
 
     @property
     def rules(self) -> UpgradeRules:
@@ -438,7 +466,7 @@ class WriterSession:
         if head is not None and any(e.commit_id == manifest.commit_id for e in head.checkpoints):
             log.warning("%s: checkpoint %d did land; going on from it", self.identity, manifest.seq)
             self._latest, self._value = manifest, value
-            self._staged = {n: o for n, o in self._staged.items() if manifest.outputs.get(n) is None}
+            self._stage.landed(manifest)
         self._in_doubt = None
 
     def _commit(
@@ -451,7 +479,7 @@ class WriterSession:
         exclude: Collection[str],
         follow_symlinks: bool,
     ) -> Manifest:
-        staged = dict(self._staged)
+        staged = self._stage.taken()
         manifest: Manifest = self.checkpoints.commit(
             self.lease,
             value,
@@ -468,9 +496,7 @@ class WriterSession:
             outputs=staged,
             code=self.code,
         )
-        for name, output in staged.items():  # committed: no longer staged (unless published again meanwhile)
-            if self._staged.get(name) is output:
-                del self._staged[name]
+        self._stage.committed(staged)
         return manifest
 
     # -- outputs --------------------------------------------------------------------------------------------
@@ -489,39 +515,17 @@ class WriterSession:
                 self.lease,
                 name,
                 path,
-                known=self._known_chunks(),
+                known=self._stage.known_chunks(self.checkpoints.content, self._latest),
                 follow_symlinks=follow_symlinks,
                 check=self.ensure_alive,
             )
-            self._staged[name] = staged
+            self._stage.add(staged)
         return staged
 
     @property
     def staged_outputs(self) -> dict[str, StagedOutput]:
         """Outputs published since the last commit (visible only once the next commit lands)."""
-        return dict(self._staged)
-
-    def _known_chunks(self) -> dict[str, ChunkRef]:
-        """Chunks this writer may reference without uploading: its newest checkpoint's files and outputs, and
-        the outputs it staged. Best effort: a tree that cannot be read only means uploading again."""
-        known: dict[str, ChunkRef] = {}
-        latest = self._latest
-        refs = [latest.tree, latest.outputs_tree] if latest is not None else []
-        for ref in refs:
-            if ref is None:
-                continue
-            try:
-                tree = self.checkpoints.content.tree_of(ref)
-            except Exception as exc:
-                log.warning("%s: not deduplicating against tree %s: %s", self.identity, ref.key, exc)
-                continue
-            known.update({c.sha256: c for f in tree.files for c in f.chunks})
-        for staged in self._staged.values():
-            known.update({c.sha256: c for f in staged.files for c in f.chunks})
-        return known
-
-    def _staged_keys(self) -> set[str]:
-        return {c.key for staged in self._staged.values() for f in staged.files for c in f.chunks}
+        return self._stage.taken()
 
     def _start_cleanup(self) -> None:
         """Delete what retention dropped, in the background, one cleanup at a time (commits wait for it)."""
@@ -538,7 +542,7 @@ class WriterSession:
             return
         try:
             with self._write_lock:
-                self.checkpoints.sweep(lease, keep=self._staged_keys())
+                self.checkpoints.sweep(lease, keep=self._stage.keys())
         except Exception as exc:  # the objects stay until the next sweep or GC; never fail the writer for it
             log.warning("could not delete the objects of dropped checkpoints of %s: %s", self.identity, exc)
 
