@@ -7,9 +7,9 @@ Airflow command fail with a circular import.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from airflow_stateful.core.lazy import load
 from airflow_stateful.version import __version__
 
 _LAZY = {
@@ -41,9 +41,5 @@ __all__ = ["__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'airflow_stateful' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    """Import the module that defines ``name`` when it is first asked for (PEP 562)."""
+    return load(__name__, _LAZY, name)

@@ -5,8 +5,9 @@ The names below load on first use (PEP 562): importing one store module does not
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from airflow_stateful.core.lazy import load
 
 _WHERE = {
     "Blob": "airflow_stateful.core.stores.base",
@@ -31,12 +32,7 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     """Import the module that defines ``name`` when it is first asked for (PEP 562)."""
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(where), name)
-    globals()[name] = value
-    return value
+    return load(__name__, _WHERE, name)
 
 
 def __dir__() -> list[str]:
