@@ -22,7 +22,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, replace
 
-from airflow_stateful.core.errors import FencedError, LeaseHeldError
+from airflow_stateful.core.errors import FencedError, InvalidValueError, LeaseHeldError
+from airflow_stateful.core.records.formats import MAX_EXPECTED_INTERVAL
 from airflow_stateful.core.records.heads import HeadRecord, LeaseRecord
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.outcomes import TryOutcome
@@ -169,3 +170,18 @@ def break_decision(
                 f"never broken by maintenance (grace {grace:g} s)."
             )
     return head.evolve(epoch=head.epoch + 1, lease=None)
+
+
+def checked_expected_interval(value: object) -> float | None:
+    """``expected_checkpoint_interval`` as seconds (``None``: not declared), once it is from 1 s to a year."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 1 <= value <= MAX_EXPECTED_INTERVAL
+    ):
+        raise InvalidValueError(
+            f"expected_checkpoint_interval must be from 1 second to a year, not {value!r}"
+        )
+    return float(value)

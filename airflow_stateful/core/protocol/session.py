@@ -44,19 +44,16 @@ from airflow_stateful.core.errors import (
     MigrationError,
 )
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
-from airflow_stateful.core.protocol.lease import Lease, check_holder
+from airflow_stateful.core.protocol.lease import Lease, check_holder, checked_expected_interval
 from airflow_stateful.core.protocol.lease_keeper import LeaseKeeper
-from airflow_stateful.core.protocol.migrations import validate_schema
 from airflow_stateful.core.protocol.staging import OutputStage
 from airflow_stateful.core.protocol.upgrades import (
-    ON_INCOMPATIBLE,
     UpgradeRules,
     describe_checkpoint,
     find_start,
 )
-from airflow_stateful.core.records.code_identity import ON_CODE_CHANGE, CodeIdentity
-from airflow_stateful.core.records.codecs import JSON, check_codec
-from airflow_stateful.core.records.formats import MAX_EXPECTED_INTERVAL
+from airflow_stateful.core.records.code_identity import CodeIdentity
+from airflow_stateful.core.records.codecs import JSON
 from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
 from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.records.outcomes import FAILED, RUNNING, UP_FOR_RETRY, TryOutcome
@@ -128,16 +125,15 @@ class WriterSession:
         on_code_change: str = "resume",
         restore_cache: LocalChunkCache | None = None,
     ) -> None:
-        self.migrations = validate_schema(schema_version, migrations)
-        if on_code_change not in ON_CODE_CHANGE:
-            raise InvalidValueError(
-                f"on_code_change must be one of {', '.join(map(repr, ON_CODE_CHANGE))}, not {on_code_change!r}"
-            )
-        if on_incompatible not in ON_INCOMPATIBLE:
-            raise InvalidValueError(
-                f"on_incompatible must be one of {', '.join(map(repr, ON_INCOMPATIBLE))}, not {on_incompatible!r}"
-            )
-        check_codec(value_codec)
+        #: What this writer's code declares about the checkpoints it may meet (schema, migrations, codec, code).
+        self.rules = UpgradeRules.checked(
+            schema_version=schema_version,
+            migrations=migrations,
+            on_incompatible=on_incompatible,
+            value_codec=value_codec,
+            code=code,
+            on_code_change=on_code_change,
+        )
         if lease is not None and lease.identity != checkpoints.identity:
             raise ValueError(f"lease is for {lease.identity}, not {checkpoints.identity}")
         ttl = checkpoints.lease_ttl
@@ -146,28 +142,12 @@ class WriterSession:
             raise ValueError(
                 f"renew_every must be between 0 and the lease ttl ({ttl:g} s), not {renew_every!r}"
             )
-        if expected_checkpoint_interval is not None and (
-            isinstance(expected_checkpoint_interval, bool)
-            or not isinstance(expected_checkpoint_interval, (int, float))
-            or not 1 <= expected_checkpoint_interval <= MAX_EXPECTED_INTERVAL
-        ):
-            raise InvalidValueError(
-                "expected_checkpoint_interval must be from 1 second to a year, not "
-                f"{expected_checkpoint_interval!r}"
-            )
-        self.expected_interval = (
-            float(expected_checkpoint_interval) if expected_checkpoint_interval is not None else None
-        )
+        self.expected_interval = checked_expected_interval(expected_checkpoint_interval)
         self.checkpoints = checkpoints
         self.identity = checkpoints.identity
         self.writer = writer
-        self.code = code
-        self.on_code_change = on_code_change
         self._started_as = outcome
         self._ended_as: TryOutcome | None = None
-        self.schema_version = schema_version
-        self.on_incompatible = on_incompatible
-        self.value_codec = value_codec
         self.steal = steal
         self.renew_every = every
         self._adopted = lease
@@ -239,16 +219,16 @@ class WriterSession:
         return self.checkpoints.store.url
 
     @property
-    def rules(self) -> UpgradeRules:
-        """What this writer's code declares about the checkpoints it may meet (schema, migrations, codec, code)."""
-        return UpgradeRules(
-            schema_version=self.schema_version,
-            migrations=self.migrations,
-            on_incompatible=self.on_incompatible,
-            value_codec=self.value_codec,
-            code=self.code,
-            on_code_change=self.on_code_change,
-        )
+    def schema_version(self) -> int:
+        return self.rules.schema_version
+
+    @property
+    def value_codec(self) -> str:
+        return self.rules.value_codec
+
+    @property
+    def code(self) -> CodeIdentity | None:
+        return self.rules.code
 
     @property
     def lease(self) -> Lease:

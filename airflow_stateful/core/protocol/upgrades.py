@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_stateful.core import events
-from airflow_stateful.core.errors import CodeChangedError, IncompatibleStateError
+from airflow_stateful.core.errors import CodeChangedError, IncompatibleStateError, InvalidValueError
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.protocol.lease import Lease
-from airflow_stateful.core.protocol.migrations import migrate, migration_path
-from airflow_stateful.core.records.code_identity import CodeIdentity
-from airflow_stateful.core.records.codecs import decode_value
+from airflow_stateful.core.protocol.migrations import migrate, migration_path, validate_schema
+from airflow_stateful.core.records.code_identity import ON_CODE_CHANGE, CodeIdentity
+from airflow_stateful.core.records.codecs import check_codec, decode_value
 from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
 from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.records.pins import pin_to_resume
@@ -48,6 +48,30 @@ class UpgradeRules:
     value_codec: str
     code: CodeIdentity | None
     on_code_change: str
+
+    @classmethod
+    def checked(
+        cls,
+        *,
+        schema_version: int,
+        migrations: Mapping[int, Callable[[Any], Any]] | None,
+        on_incompatible: str,
+        value_codec: str,
+        code: CodeIdentity | None,
+        on_code_change: str,
+    ) -> UpgradeRules:
+        """The rules, once each is valid (InvalidValueError naming the bad one, before anything is read)."""
+        checked = validate_schema(schema_version, migrations)
+        if on_code_change not in ON_CODE_CHANGE:
+            raise InvalidValueError(
+                f"on_code_change must be one of {', '.join(map(repr, ON_CODE_CHANGE))}, not {on_code_change!r}"
+            )
+        if on_incompatible not in ON_INCOMPATIBLE:
+            raise InvalidValueError(
+                f"on_incompatible must be one of {', '.join(map(repr, ON_INCOMPATIBLE))}, not {on_incompatible!r}"
+            )
+        check_codec(value_codec)
+        return cls(schema_version, checked, on_incompatible, value_codec, code, on_code_change)
 
 
 @dataclass
