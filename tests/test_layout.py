@@ -20,9 +20,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "airflow_stateful"
 MAX_LINES = 500
-STILL_LARGE = {
-    "core/protocol/session.py": 620,
-}
+STILL_LARGE: dict[str, int] = {}
 """Modules over the limit when it came, and the most lines each may have until it is split."""
 PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
 

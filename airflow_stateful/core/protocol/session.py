@@ -8,17 +8,14 @@ what makes a writer safe:
   writer (a pod adopts the operator's), then load and verify the newest checkpoint and apply the upgrade
   rules: resume it, migrate it step by step (committing the migrated value before any user code runs), or
   refuse / restart per ``on_incompatible``;
-* **heartbeat**: a daemon thread renews the lease every ``ttl/3`` or so (jittered), so a try may compute for
-  hours between two saves and still hold a live lease. A killed process stops renewing, and its lease
-  expires one ttl after the last renewal;
-* **lost**: if a renewal finds the lease taken over or broken, or cannot renew it before it expires (S3
-  unreachable for longer than the ttl), the session marks itself lost and logs it at ERROR level. The next
-  :meth:`commit` raises :class:`FencedError` before uploading anything, so a try that lost its lease stops
-  cheaply instead of uploading gigabytes that can never become visible;
+* **heartbeat** and **lost**: a :class:`~airflow_stateful.core.protocol.lease_keeper.LeaseKeeper` renews the
+  lease in a daemon thread, so a try may compute for hours between saves; once it is taken over, broken or not
+  renewed within its ttl, the session is lost and the next :meth:`commit` raises :class:`FencedError` before
+  uploading anything;
 * **commit / release**: fenced commits through :class:`CheckpointStore`; on a clean end the lease is released.
 
-Expiry deadlines are kept on the monotonic clock: a deadline is the moment a renewal was *sent* plus the
-ttl, which is never later than the expiry the store records. See docs/adr/0003-lease-renewal-and-maintenance.md.
+What the writer sees and reads is :class:`~airflow_stateful.core.protocol.writer_view.WriterView`; where it
+starts, :mod:`~airflow_stateful.core.protocol.upgrades`. See docs/adr/0003-lease-renewal-and-maintenance.md.
 """
 
 from __future__ import annotations
@@ -32,10 +29,8 @@ from types import TracebackType
 from typing import Any
 
 from airflow_stateful.core import events
-from airflow_stateful.core.data.cache_use import describe_use, remember_saved
+from airflow_stateful.core.data.cache_use import remember_saved
 from airflow_stateful.core.data.chunk_cache import LocalChunkCache
-from airflow_stateful.core.data.restore import ChunkCache
-from airflow_stateful.core.data.restore_modes import EXACT, RestoreResult, check_mode
 from airflow_stateful.core.errors import (
     CommitOutcomeUnknownError,
     FencedError,
@@ -46,21 +41,21 @@ from airflow_stateful.core.errors import (
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.protocol.lease import Lease, check_holder, checked_expected_interval
 from airflow_stateful.core.protocol.lease_keeper import LeaseKeeper
+from airflow_stateful.core.protocol.progress_watch import ProgressWatch
 from airflow_stateful.core.protocol.staging import OutputStage
 from airflow_stateful.core.protocol.upgrades import (
     UpgradeRules,
     describe_checkpoint,
     find_start,
 )
+from airflow_stateful.core.protocol.writer_view import WriterView
 from airflow_stateful.core.records.code_identity import CodeIdentity
 from airflow_stateful.core.records.codecs import JSON
-from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
 from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.records.outcomes import FAILED, RUNNING, UP_FOR_RETRY, TryOutcome
-from airflow_stateful.core.records.outputs import OutputInfo, StagedOutput
-from airflow_stateful.core.records.trees import Tree
+from airflow_stateful.core.records.outputs import StagedOutput
 from airflow_stateful.core.records.writer import WriterInfo
-from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL, RENEW_FRACTION
+from airflow_stateful.core.settings import RENEW_FRACTION
 
 log = logging.getLogger("airflow_stateful")
 
@@ -68,7 +63,7 @@ CLEANUP_AFTER = 4
 """Dropped checkpoints with objects of their own after which a session deletes them (in the background)."""
 
 
-class WriterSession:
+class WriterSession(WriterView):
     """A writer's lease on one identity, renewed in the background, with fenced commits.
 
     :param checkpoints: the identity's checkpoint store (its ``lease_ttl`` is the lease's ttl).
@@ -143,9 +138,9 @@ class WriterSession:
                 f"renew_every must be between 0 and the lease ttl ({ttl:g} s), not {renew_every!r}"
             )
         self.expected_interval = checked_expected_interval(expected_checkpoint_interval)
-        self.checkpoints = checkpoints
-        self.identity = checkpoints.identity
-        self.writer = writer
+        #: When this writer last committed, for the progress it reports after each renewal.
+        self._progress = ProgressWatch(identity=checkpoints.identity, expected=self.expected_interval)
+        super().__init__(checkpoints=checkpoints, writer=writer, restore_cache=restore_cache)
         self._started_as = outcome
         self._ended_as: TryOutcome | None = None
         self.steal = steal
@@ -154,12 +149,9 @@ class WriterSession:
         self._release_on_close = lease is None if release_on_close is None else release_on_close
         self._heartbeat_on = heartbeat
         #: The lease, its renewal thread and whether it was lost.
+        watch = self._progress.after_renewal
         self._keeper = LeaseKeeper(
-            identity=checkpoints.identity,
-            ttl=ttl,
-            renew=checkpoints.renew,
-            renew_every=every,
-            on_renewed=self._report_progress,
+            identity=self.identity, ttl=ttl, renew=checkpoints.renew, renew_every=every, on_renewed=watch
         )
         self._ended: Lease | None = None  # the lease held when the session closed
         self._write_lock = threading.Lock()  # a commit and a cleanup never run at once (the sweep's fencing)
@@ -170,54 +162,14 @@ class WriterSession:
         self.restarted_from: Manifest | None = None
         #: The pinned checkpoint this session resumed from (a rollforward after a rollback), or ``None``.
         self.resumed_pin: Manifest | None = None
-        self._latest: Manifest | None = None
-        self._value: Any = None
         self._in_doubt: tuple[Manifest, Any] | None = None  # a commit whose outcome was unknown
         #: Outputs published since the last commit, by name: made visible by the next commit (see publish()).
         self._stage = OutputStage()
-        self._progress_at = time.monotonic()  # the last commit of this session, or its start
-        self._stuck_reported = False
-        self.restore_cache: LocalChunkCache | None = None
-        self._cache_runner = "this worker"
-        if restore_cache is not None:
-            self.use_restore_cache(restore_cache)
 
     def __repr__(self) -> str:
         return f"WriterSession(identity={self.identity.key!r}, lease={self._keeper.lease and self._keeper.lease.epoch})"
 
     # -- what the writer sees ------------------------------------------------------------------------------
-    def use_restore_cache(self, cache: LocalChunkCache | None, *, runner: str = "this worker") -> None:
-        """Keep what this writer commits in ``cache`` and restore from it first (``None``: no cache). ``runner``
-        names where this writer runs in the line a restore logs (the pod client says ``"this pod"``)."""
-        self.restore_cache, self._cache_runner = cache, runner
-        self.checkpoints.chunk_cache = cache  # uploads fill it from memory
-
-    def history(self) -> list[CheckpointEntry]:
-        """The identity's kept checkpoints, newest first (read now)."""
-        return self.checkpoints.history()
-
-    def head(self) -> HeadRecord | None:
-        """The identity's head as it is now (read now)."""
-        return self.checkpoints.head()
-
-    def read_latest(self) -> Manifest | None:
-        """The newest checkpoint as the store has it now: another process (the pod this operator runs) may have
-        committed since :attr:`latest`, which is this session's own view."""
-        return self.checkpoints.latest()
-
-    def outputs(self, manifest: Manifest) -> dict[str, OutputInfo]:
-        """The outputs ``manifest`` carries, by name."""
-        return self.checkpoints.outputs(manifest)
-
-    def tree(self, manifest: Manifest) -> Tree | None:
-        """The file tree of ``manifest`` (no request for one this writer just wrote or read)."""
-        return self.checkpoints.tree(manifest)
-
-    @property
-    def store_url(self) -> str:
-        """Where the identity's objects live."""
-        return self.checkpoints.store.url
-
     @property
     def schema_version(self) -> int:
         return self.rules.schema_version
@@ -235,16 +187,6 @@ class WriterSession:
         if self._keeper.lease is None:
             raise RuntimeError("the session is not open; call open() or use it as a context manager")
         return self._keeper.lease
-
-    @property
-    def latest(self) -> Manifest | None:
-        """The newest checkpoint this session knows: the one it started from (or migrated), or its last commit."""
-        return self._latest
-
-    @property
-    def value(self) -> Any:
-        """The value of :attr:`latest`, decoded (and migrated); ``None`` when there is none."""
-        return self._value
 
     @property
     def lost(self) -> bool:
@@ -289,7 +231,7 @@ class WriterSession:
                 outcome=self._started_as,
             )
         self._keeper.hold(lease, sent=sent)
-        self._progress_at = sent
+        self._progress.progressed(sent)
         try:
             if self._heartbeat_on:
                 self._keeper.start()
@@ -319,11 +261,9 @@ class WriterSession:
         """Say how this try ended (an Airflow task instance state, :mod:`airflow_stateful.core.records.outcomes`);
         :meth:`close` records it in the head with the release of the lease, so maintenance knows whether
         Airflow will run the task again. ``retry_in``: seconds until a retry or reschedule may run."""
+        writer = self.writer
         start = self._started_as or TryOutcome(
-            state=RUNNING,
-            at="",
-            try_number=self.writer.try_number,
-            run_id=self.writer.run_id,
+            RUNNING, "", try_number=writer.try_number, run_id=writer.run_id
         )
         self._ended_as = start.ended(
             state=state, now=self.checkpoints.clock(), retry_in=retry_in, reason=reason
@@ -416,7 +356,8 @@ class WriterSession:
                 )
         except FencedError as exc:
             if self._keeper.lost is None:
-                self._keeper.mark_lost(str(exc), epoch=self._lease_epoch())
+                held = self._keeper.lease or self._adopted
+                self._keeper.mark_lost(str(exc), epoch=held.epoch if held else 0)
             raise
         except CommitOutcomeUnknownError as exc:
             if isinstance(exc.manifest, Manifest):
@@ -430,7 +371,7 @@ class WriterSession:
         if files is not None and self.restore_cache is not None:
             # The tree the commit just wrote: no request. Also the chunks the upload did not send.
             remember_saved(self.restore_cache, manifest, self.checkpoints.tree(manifest), files)
-        self._progress_at, self._stuck_reported = time.monotonic(), False
+        self._progress.progressed()
         self._keeper.confirmed(sent)
         if self.checkpoints.cleanup_due >= CLEANUP_AFTER:
             self._start_cleanup()
@@ -553,65 +494,6 @@ class WriterSession:
             f"{lease.epoch} was given up). Nothing was uploaded; stop this writer."
         )
 
-    def restore_files(
-        self,
-        dest: str | Path,
-        manifest: Manifest | None = None,
-        *,
-        mode: str = EXACT,
-        cache: ChunkCache | None = None,
-    ) -> RestoreResult:
-        """Restore the files of ``manifest`` (default :attr:`latest`) into ``dest``; what it did, also logged.
-
-        ``mode`` defaults to ``"exact"``: the task owns the directory it saves and restores, so a retry sees
-        exactly the checkpoint's files, never the part files a killed try left beside them (see
-        :meth:`CheckpointStore.restore_files` for ``"merge"`` and ``"empty"``). With no checkpoint yet, or one
-        without files, ``dest`` is left as it is and the result is false. ``cache``: where chunks may be found
-        first; default: this writer's restore cache, whose use is then logged in one line."""
-        mode = check_mode(mode)
-        manifest = manifest or self._latest
-        if manifest is None:
-            result = RestoreResult(dest=Path(dest), mode=mode, seq=None, untouched=True)
-            log.info("%s", result.describe())
-            return result
-        local = self.restore_cache if cache is None and manifest.has_files else None
-        before = local.stats if local is not None else None
-        result = self.checkpoints.restore_files(manifest, dest, mode=mode, cache=cache or local)
-        if local is not None and before is not None:
-            log.info("%s", describe_use(local, before, manifest, self.writer, runner=self._cache_runner))
-        log.info("%s", result.describe())
-        return result
-
     # -- the heartbeat --------------------------------------------------------------------------------------
-    def _lease_epoch(self) -> int:
-        lease = self._keeper.lease or self._adopted
-        return lease.epoch if lease else 0
-
     def _stop_heartbeat(self) -> None:
         self._keeper.stop()
-
-    def _report_progress(self) -> None:
-        """After a renewal: how long since this writer last committed, and whether that makes it stuck.
-
-        Alive (the renewal just landed) but past its expected interval is *stuck*; the first time it is, say so
-        in the task log, with what to do (see :mod:`airflow_stateful.core.fleet.status`)."""
-        expected = self.expected_interval or EXPECTED_CHECKPOINT_INTERVAL.total_seconds()
-        since = time.monotonic() - self._progress_at
-        stuck = since > expected
-        events.emit(
-            events.PROGRESS,
-            identity=self.identity.key,
-            since_progress=round(since, 3),
-            expected_interval=expected,
-            stuck=int(stuck),
-        )
-        if stuck and not self._stuck_reported:
-            self._stuck_reported = True
-            log.warning(
-                "STUCK? %s: no checkpoint committed for %.0f s, longer than the expected %.0f s "
-                "(expected_checkpoint_interval). The lease is still renewed, so nothing else will notice: check "
-                "what this task is waiting for.",
-                self.identity,
-                since,
-                expected,
-            )
