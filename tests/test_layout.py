@@ -93,3 +93,51 @@ def test_the_private_name_check_sees_a_private_method_called_from_another_module
         "from airflow_stateful.core.fleet.gc import _same\n\ndef f(cs):\n    return cs._tree_of_ref(1)\n"
     )
     assert len(_private_uses(bad)) == 2
+
+
+# -- the head signing policy reaches every head read ------------------------------------------------------------
+HEAD_READERS = {
+    "HeadStore",
+    "CheckpointReader",
+    "CheckpointStore",
+    "read_head",
+    "read_heads",
+    "identity_statuses",
+    "find_stuck",
+    "disk_usage",
+    "plan_identity",
+    "plan_gc",
+}
+"""What reads (or writes) heads from a byte store: each call in the package must say which signer it uses.
+
+Signing is a protocol concern, not a property of the byte store (docs/architecture.md): whoever opens the store
+from configuration passes the signer on. A call that forgets it would read heads unverified, so a deployment
+with ``require_signed_heads`` would accept a forged head there: failing open. Saying ``signer=None`` is allowed
+(a store signing does not apply to); leaving it out is not."""
+
+
+def _calls_without_signer(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = (
+            func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        )
+        if name in HEAD_READERS and not any(k.arg in ("signer", None) for k in node.keywords):
+            found.append(f"line {node.lineno}: {name}(...)")
+    return found
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_every_head_read_in_the_package_says_which_signer_it_uses(path: Path) -> None:
+    missing = _calls_without_signer(path.read_text())
+    assert not missing, f"{path.relative_to(PACKAGE)} reads heads without passing signer=: {missing}"
+
+
+def test_the_signer_check_sees_a_forgotten_signer() -> None:
+    assert _calls_without_signer(
+        "read_head(store, identity)\nCheckpointStore(store=s, identity=i, signer=x)"
+    ) == ["line 1: read_head(...)"]
+    assert _calls_without_signer("m.plan_gc(store, **options)") == []  # ** may carry it: checked where built

@@ -9,6 +9,7 @@ field, before any value is used, and a writer must not write over it. Both store
 from __future__ import annotations
 
 import json
+import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from airflow_stateful.core.protocol.state_documents import (
 )
 from airflow_stateful.core.records.canonical import canonical_json, sha256_hex
 from airflow_stateful.core.records.formats import HEAD_NAME, MAX_HEAD_BYTES
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 
@@ -47,9 +49,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStor
         yield s3
 
 
-def seed(store: ObjectStore, tmp_path: Path) -> dict[str, Any]:
+def seed(store: ObjectStore, tmp_path: Path, *, signer: HeadSigner | None = None) -> dict[str, Any]:
     """A real head with a lease and a checkpoint with one file; returns the head's JSON body."""
-    cs = CheckpointStore(store=store, identity=IDENTITY)
+    cs = CheckpointStore(store=store, identity=IDENTITY, signer=signer)
     lease = cs.acquire(holder=WriterInfo(host="worker-1", try_number=1))
     (tmp_path / "f").mkdir(exist_ok=True)
     (tmp_path / "f" / "a.txt").write_text("a")
@@ -217,48 +219,47 @@ def test_keep_last_is_bounded_so_a_head_stays_readable() -> None:
 KEY = b"0123456789abcdef-this-deployment"
 
 
-def signing(store: ObjectStore, *, required: bool, key: bytes = KEY, key_id: str = "prod-1") -> ObjectStore:
-    from airflow_stateful.core.records.integrity import HeadSigner
-
-    store.head_signer = HeadSigner(key=key, key_id=key_id, required=required)
-    return store
+def signer(*, required: bool, key: bytes = KEY, key_id: str = "prod-1") -> HeadSigner:
+    return HeadSigner(key=key, key_id=key_id, required=required)
 
 
 def test_signed_heads_verify_and_a_forged_one_is_refused(store: ObjectStore, tmp_path: Path) -> None:
-    signing(store, required=True)
-    body = seed(store, tmp_path)  # written through the signing store: signed
+    policy = signer(required=True)
+    body = seed(store, tmp_path, signer=policy)  # written with the deployment's signer: signed
     assert body["signature"]["key_id"] == "prod-1" and len(body["signature"]["hmac_sha256"]) == 64
-    assert CheckpointStore(store=store, identity=IDENTITY).latest().value["n"] == 1  # type: ignore[union-attr]
+    latest = CheckpointStore(store=store, identity=IDENTITY, signer=policy).latest()
+    assert latest is not None and latest.value["n"] == 1
     # Someone with write access to the bucket, but not the key: a valid checksum is not enough any more.
     body["checkpoints"][0]["schema_version"] = 7
     write_head(store, body)
     with pytest.raises(CheckpointCorruptError, match=r"signature does not verify with key 'prod-1'"):
-        CheckpointStore(store=store, identity=IDENTITY).latest()
+        CheckpointStore(store=store, identity=IDENTITY, signer=policy).latest()
     del body["signature"]
     write_head(store, body)
     with pytest.raises(CheckpointCorruptError, match=r"carries no signature, and this deployment requires"):
-        CheckpointStore(store=store, identity=IDENTITY).latest()
+        CheckpointStore(store=store, identity=IDENTITY, signer=policy).latest()
 
 
 def test_signing_is_optional_for_readers_without_the_key_and_when_not_required(
     store: ObjectStore, tmp_path: Path
 ) -> None:
-    signing(store, required=True)
-    seed(store, tmp_path)
-    store.head_signer = None  # an older reader, or one without the key: a signed head reads as before
-    assert CheckpointStore(store=store, identity=IDENTITY).latest() is not None
-    signing(store, required=False, key=b"another-key-of-16-bytes", key_id="staging")
-    assert CheckpointStore(store=store, identity=IDENTITY).latest() is not None, "another key id: accepted"
+    seed(store, tmp_path, signer=signer(required=True))
+    # An older reader, or one without the key: a signed head reads as before.
+    assert CheckpointStore(store=store, identity=IDENTITY, signer=None).latest() is not None
+    other = signer(required=False, key=b"another-key-of-16-bytes", key_id="staging")
+    assert CheckpointStore(store=store, identity=IDENTITY, signer=other).latest() is not None, (
+        "another key id"
+    )
 
 
 def test_the_signing_key_never_shows(store: ObjectStore, tmp_path: Path) -> None:
-    signing(store, required=True)
-    seed(store, tmp_path)
-    assert KEY.decode() not in repr(store.head_signer)
+    policy = signer(required=True)
+    seed(store, tmp_path, signer=policy)
+    assert KEY.decode() not in repr(policy)
+    assert KEY.decode() not in repr(CheckpointStore(store=store, identity=IDENTITY, signer=policy))
     for info in store.list_objects(""):
         assert KEY not in store.get(info.key).data
     from airflow_stateful.core.errors import ConfigurationError
-    from airflow_stateful.core.records.integrity import HeadSigner
 
     with pytest.raises(ConfigurationError, match="at least 16 bytes") as raised:
         HeadSigner(key=b"short-secret", key_id="x")
@@ -291,3 +292,48 @@ def test_the_deployment_key_comes_from_an_airflow_connection(
     write_head(hook.get_store(), raw)
     with pytest.raises(CheckpointCorruptError, match="carries no signature"):
         StateHook().checkpoint_store(IDENTITY).latest()
+
+
+def test_every_reader_of_a_signing_deployment_refuses_a_forged_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The signer is the protocol's, not the byte store's: the code that opens the store from ``[stateful]``
+    hands it to every reader it builds. A reader that missed it would take an unsigned head for a good one, so
+    each way in is tried with a forged head: the CLI verbs, GC, the stuck check, usage and the UI's rows."""
+    from airflow_stateful.cli.main import main
+    from airflow_stateful.core.fleet.catalog import read_head
+    from airflow_stateful.hooks.state import StateHook
+    from airflow_stateful.plugins.view.app import configured_store
+    from airflow_stateful.plugins.view.rows import Bounds, collect
+
+    monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", (tmp_path / "state").as_uri())
+    monkeypatch.setenv("AIRFLOW__STATEFUL__SIGNING_CONN_ID", "stateful_signing")
+    monkeypatch.setenv("AIRFLOW__STATEFUL__REQUIRE_SIGNED_HEADS", "true")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_STATEFUL_SIGNING",
+        json.dumps({"conn_type": "generic", "password": KEY.decode(), "extra": {"key_id": "prod-1"}}),
+    )
+    hook = StateHook()
+    cs = hook.checkpoint_store(IDENTITY)
+    cs.commit(cs.acquire(), {"n": 1})
+    assert main(["show", IDENTITY.key, "--json"]) == 0, "the signed head reads"
+    raw = json.loads(hook.get_store().get(HEAD).data)
+    del raw["signature"]
+    write_head(hook.get_store(), raw)
+    capsys.readouterr()
+
+    refused = "carries no signature, and this deployment requires heads signed with key 'prod-1'"
+    for verb in (["show", IDENTITY.key], ["history", IDENTITY.key], ["gc", "--dry-run"]):
+        assert main(verb) == 1, verb
+        assert refused in capsys.readouterr().err, verb
+    for verb in (["ls", "--json"], ["du", "--json"], ["stuck", "--json"]):
+        main(verb)
+        out = capsys.readouterr().out
+        assert refused in out, f"{verb} showed the forged head as a good one: {out}"
+
+    store, signer = configured_store()  # what the UI opens
+    assert read_head(store, IDENTITY, signer=signer).error is not None
+    listing = collect(
+        store, prefixes=[""], may_read=lambda i: True, bounds=Bounds(), now=time.time(), signer=signer
+    )
+    assert [refused in str(e.row) for e in listing.entries] == [True]

@@ -18,6 +18,7 @@ from airflow_stateful.core.fleet.lifetimes import Lifetimes
 from airflow_stateful.core.fleet.walk_progress import ItemProgress
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.stores.base import ObjectStore
 
 _log = logging.getLogger("airflow_stateful")
@@ -43,7 +44,10 @@ def open_store(args: argparse.Namespace) -> ObjectStore:
     if getattr(args, "default_interval", None) is None:
         args.default_interval = timedelta(seconds=hook.settings.expected_checkpoint_interval)
     logs_to_stderr()  # after Airflow (imported above) configured logging, before boto3 logs anything
-    return hook.get_store()
+    store = hook.get_store()
+    #: The deployment's head signing policy: every verb reads (and writes) heads with it.
+    args.signer = hook.get_signer()
+    return store
 
 
 def logs_to_stderr() -> None:
@@ -60,9 +64,9 @@ def logs_to_stderr() -> None:
     ours.propagate = False
 
 
-def checkpoints_of(store: ObjectStore, key: str) -> CheckpointStore:
+def checkpoints_of(store: ObjectStore, key: str, *, signer: HeadSigner | None) -> CheckpointStore:
     """The identity's checkpoints; an identity without a head is not found (exit 4), not an empty one."""
-    cs = CheckpointStore(store=store, identity=Identity.parse(key))
+    cs = CheckpointStore(store=store, identity=Identity.parse(key), signer=signer)
     if cs.head() is None:
         raise CheckpointNotFoundError(f"identity {key!r} has no state in {store.url}")
     return cs

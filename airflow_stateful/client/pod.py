@@ -68,9 +68,12 @@ def pod_session(settings: PodSettings, *, heartbeat: bool) -> Iterator[WriterSes
     # Encryption, KMS key, expected owner, TLS and botocore settings as the operator's connection has them
     # (STATEFUL_S3_*); credentials from boto3's chain.
     store = store_from_url(settings.backend_url, **settings.store_options())
-    store.head_signer = settings.head_signer
     checkpoints = CheckpointStore(
-        store=store, identity=settings.identity, keep_last=settings.keep_last, lease_ttl=settings.lease_ttl
+        store=store,
+        identity=settings.identity,
+        signer=settings.head_signer,
+        keep_last=settings.keep_last,
+        lease_ttl=settings.lease_ttl,
     )
     cache = settings.restore_cache()
     session = WriterSession(

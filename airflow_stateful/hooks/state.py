@@ -104,6 +104,7 @@ class StateHook(BaseHook):
         self.keep_last = keep_last or settings.keep_last
         self.endpoint_url = endpoint_url
         self._store: ObjectStore | None = None
+        self._signer: HeadSigner | None = None
 
     def s3_options(self) -> dict[str, Any]:
         """S3 store options from the ``aws`` connection, or ``{}`` to use boto3's standard credential chain.
@@ -208,7 +209,7 @@ class StateHook(BaseHook):
         options["assume_role_kwargs"] = kwargs
 
     def get_store(self) -> ObjectStore:
-        """The configured store (opened once per hook)."""
+        """The configured store (opened once per hook, with its head signing policy: :meth:`get_signer`)."""
         if self._store is None:
             options: dict[str, Any] = {}
             if urlparse(self.backend_url).scheme == "s3":
@@ -216,9 +217,19 @@ class StateHook(BaseHook):
                 if self.endpoint_url:
                     options["endpoint_url"] = self.endpoint_url
             store = store_from_url(self.backend_url, **options)
-            store.head_signer = self.head_signer()
+            # Read with the store, so a signing policy that is misconfigured fails where the store opens.
+            self._signer = self.head_signer()
             self._store = store
         return self._store
+
+    def get_signer(self) -> HeadSigner | None:
+        """The head signing policy every reader and writer on :meth:`get_store` must use (``None``: none).
+
+        Signing is a protocol concern, not the byte store's: pass this as ``signer=`` to whatever reads heads
+        from the store (:meth:`checkpoint_store` does), or a required signature is not checked there.
+        """
+        self.get_store()
+        return self._signer
 
     def head_signer(self) -> HeadSigner | None:
         """The deployment's head signing key from ``[stateful] signing_conn_id`` (its password), or ``None``.
@@ -260,7 +271,11 @@ class StateHook(BaseHook):
 
     def checkpoint_store(self, identity: Identity) -> CheckpointStore:
         return CheckpointStore(
-            store=self.get_store(), identity=identity, keep_last=self.keep_last, lease_ttl=self.lease_ttl
+            store=self.get_store(),
+            identity=identity,
+            signer=self.get_signer(),
+            keep_last=self.keep_last,
+            lease_ttl=self.lease_ttl,
         )
 
     @staticmethod

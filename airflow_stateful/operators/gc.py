@@ -178,6 +178,7 @@ class StatefulGCOperator(BaseOperator):
             prefix=self.prefix or "",
             progress=progress,
             groups=groups,
+            signer=hook.get_signer(),
         )
         progress.finish()
         footprint = self._send_plan_metrics(plan, idle_for)

@@ -185,7 +185,7 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
             keep_last=hook.keep_last,
             s3_options=options,
             endpoint_url=self.s3_endpoint_url,
-            head_signer=hook.get_store().head_signer,
+            head_signer=hook.get_signer(),
         )
         self.labels = {**self.labels, **self._pod_state.labels()}
         return self._pod_state

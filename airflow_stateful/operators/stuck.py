@@ -81,7 +81,7 @@ class StatefulStuckCheckOperator(BaseOperator):
             interval = positive_duration(self.default_interval, what="default_interval")
         store = hook.get_store()
         try:
-            report = find_stuck(store, self.prefix or "", default_interval=interval)
+            report = find_stuck(store, self.prefix or "", default_interval=interval, signer=hook.get_signer())
         finally:
             store.close()
         for item in report.stuck:

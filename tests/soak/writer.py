@@ -169,7 +169,6 @@ class TracedStore(ObjectStore):
         self.phase = phase
         self.url = inner.url
         self.parallelism = inner.parallelism
-        self.head_signer = inner.head_signer
 
     def _label(self, kind: str, call: str) -> str:
         thread = threading.current_thread().name

@@ -40,7 +40,9 @@ def cmd_ls(args: argparse.Namespace, store: ObjectStore) -> int:
 
     def rows() -> Iterator[dict[str, Any]]:
         nonlocal errors
-        for item in identity_statuses(store, args.prefix or "", default_interval=args.default_interval):
+        for item in identity_statuses(
+            store, args.prefix or "", default_interval=args.default_interval, signer=args.signer
+        ):
             if item.error is not None:
                 errors += 1
                 yield {"identity": item.identity.key, **dict.fromkeys(LS_COLUMNS[1:]), "error": item.error}
@@ -83,7 +85,10 @@ def cmd_stuck(args: argparse.Namespace, store: ObjectStore) -> int:
     if args.prefix and args.prefix_option and args.prefix != args.prefix_option:
         raise ValueError(f"two different prefixes: {args.prefix!r} and --prefix {args.prefix_option!r}")
     report = find_stuck(
-        store, args.prefix or args.prefix_option or "", default_interval=args.default_interval
+        store,
+        args.prefix or args.prefix_option or "",
+        default_interval=args.default_interval,
+        signer=args.signer,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2, default=str))
@@ -129,7 +134,7 @@ def cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
 
     def rows() -> Iterator[dict[str, Any]]:
         nonlocal errors
-        for u in disk_usage(store, prefix=args.prefix or ""):
+        for u in disk_usage(store, prefix=args.prefix or "", signer=args.signer):
             for field in total:
                 total[field] += getattr(u, field)
             row = {

@@ -25,6 +25,7 @@ from airflow_stateful.core.protocol.heads import HeadStore
 from airflow_stateful.core.records.formats import HEAD_NAME
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.stores.base import CommonPrefix, ObjectStore
 
 IDENTITY_DELIMITER = "/~"
@@ -87,24 +88,31 @@ class HeadRead:
     error: Exception | None = None
 
 
-def read_head(store: ObjectStore, identity: Identity) -> HeadRead:
-    """One identity's head through :meth:`HeadStore.load` (its size cap, typed parsing, checksum, signature).
+def read_head(store: ObjectStore, identity: Identity, *, signer: HeadSigner | None = None) -> HeadRead:
+    """One identity's head through :meth:`HeadStore.load` (its size cap, typed parsing, checksum, and the
+    signature ``signer`` checks).
 
     Any failure, of the record or of its request, becomes the ``error`` of the result instead of being raised:
     one bad record must not hide the fleet.
     """
     try:
-        return HeadRead(identity=identity, head=HeadStore(store=store, identity=identity).load()[0])
+        return HeadRead(
+            identity=identity, head=HeadStore(store=store, identity=identity, signer=signer).load()[0]
+        )
     except Exception as exc:  # reported on its own row; the caller decides what it means
         return HeadRead(identity=identity, error=exc)
 
 
 def read_heads(
-    store: ObjectStore, identities: Iterable[Identity], *, readers: int = HEAD_READERS
+    store: ObjectStore,
+    identities: Iterable[Identity],
+    *,
+    signer: HeadSigner | None = None,
+    readers: int = HEAD_READERS,
 ) -> Iterator[HeadRead]:
     """:func:`read_head` of each identity, ``readers`` at a time, in the order of ``identities``, as they are
     read (:func:`ordered_map`)."""
-    return ordered_map(functools.partial(read_head, store), identities, workers=readers)
+    return ordered_map(functools.partial(read_head, store, signer=signer), identities, workers=readers)
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int) -> Iterator[R]:

@@ -81,6 +81,7 @@ from airflow_stateful.core.protocol.retention import (
 from airflow_stateful.core.protocol.state_documents import MAX_DOCUMENT_BYTES, StateDocument
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.settings import LEASE_GRACE
 from airflow_stateful.core.stores.base import ObjectStore
@@ -144,7 +145,7 @@ def apply_gc(plan: GcPlan, *, progress: Progress | None = None) -> GcResult:
                 if item.identity == EXPIRED_STATE:
                     deleted = _delete_expired(store, item.reasons[EXPIRED], plan.now)
                 else:
-                    deleted = _apply_identity(store, item, grace=plan.grace)
+                    deleted = _apply_identity(store, item, grace=plan.grace, signer=plan.signer)
             except (_Changed, LeaseHeldError) as exc:
                 result.skipped[item.identity] = str(exc)
                 log.info("gc: skipped %s: %s", item.identity, exc)
@@ -166,8 +167,10 @@ def _same(a: HeadRecord | None, b: HeadRecord | None) -> bool:
     return (a.epoch, a.next_seq, a.checkpoints, token[0]) == (b.epoch, b.next_seq, b.checkpoints, token[1])
 
 
-def _apply_identity(store: ObjectStore, item: IdentityPlan, *, grace: float) -> list[str]:
-    cs = CheckpointStore(store=store, identity=Identity.parse(item.identity), clock=time.time)
+def _apply_identity(
+    store: ObjectStore, item: IdentityPlan, *, grace: float, signer: HeadSigner | None
+) -> list[str]:
+    cs = CheckpointStore(store=store, identity=Identity.parse(item.identity), signer=signer, clock=time.time)
     if ORPHAN in item.reasons:
         if cs.head() is not None:
             raise _Changed("it got a head since the plan; run GC again")
@@ -298,13 +301,16 @@ def collect_garbage(
         lives=None,
         keep_last=None,
         garbage=CrashGarbage(min_age=min_age, grace=grace),
+        signer=checkpoints.signer,
     )
     report = GarbageReport(identity=identity.key, skipped_reason=item.skipped)
     planned = item.reasons.get(GARBAGE, [])
     if dry_run or not planned:
         report.deleted = list(planned)
     else:
-        cs = CheckpointStore(store=checkpoints.store, identity=identity, clock=checkpoints.clock)
+        cs = CheckpointStore(
+            store=checkpoints.store, identity=identity, signer=checkpoints.signer, clock=checkpoints.clock
+        )
         report.deleted = _delete_garbage(cs, item, grace=grace)
         log.info("gc %s: deleted %d unreferenced object(s)", identity, len(report.deleted))
     report.bytes = sum(item.objects[k].size for k in report.deleted)

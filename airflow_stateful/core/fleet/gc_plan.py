@@ -34,6 +34,7 @@ from airflow_stateful.core.protocol.state_documents import collect_expired
 from airflow_stateful.core.records.formats import DATA_DIR, HEAD_NAME, MANIFEST_DIR
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.records.trees import CHUNK_DIR, TREE_DIR
 from airflow_stateful.core.settings import GC_MIN_AGE, KEEP_FAILED_FOR, LEASE_GRACE
 from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
@@ -113,6 +114,8 @@ class GcPlan:
     store: ObjectStore
     now: float
     grace: float = LEASE_GRACE
+    signer: HeadSigner | None = None
+    """The head signing policy the plan read the heads with; a real pass writes and re-reads with it too."""
     identities: list[IdentityPlan] = field(default_factory=list)
     """Identities the pass changes (or leaves alone for a stated reason: ``skipped``)."""
     kept: list[IdentityPlan] = field(default_factory=list)
@@ -177,10 +180,11 @@ def plan_identity(
     keep_last: KeepLast | None,
     garbage: CrashGarbage,
     airflow: RunStates | None = None,
+    signer: HeadSigner | None = None,
 ) -> IdentityPlan:
     item = IdentityPlan(identity=key, objects={i.key: i for i in infos})
     identity = Identity.parse(key)
-    cs = CheckpointStore(store=store, identity=identity)
+    cs = CheckpointStore(store=store, identity=identity, signer=signer)
     head = cs.head() if cs.heads.key in item.objects else None
     item.head = head
     cutoff = datetime.now(tz=timezone.utc) - garbage.min_age
@@ -255,6 +259,7 @@ def plan_gc(
     expired_state: bool = True,
     progress: Progress | None = None,
     groups: dict[str, list[ObjectInfo]] | None = None,
+    signer: HeadSigner | None = None,
 ) -> GcPlan:
     """Read the store and decide what a GC pass deletes, changing nothing.
 
@@ -272,6 +277,7 @@ def plan_gc(
     :param expired_state: also plan the deletion of expired task/asset state documents (whole store).
     :param progress: called once per identity planned.
     :param groups: a listing already grouped by :func:`group_by_identity` (saves a listing).
+    :param signer: the deployment's head signing policy (a forged head is then reported, never acted on).
     """
     now = time.time() if now is None else now
     retention = KeepLast(keep_last) if keep_last is not None else None
@@ -279,7 +285,7 @@ def plan_gc(
         idle_for=idle_for, release_after_success=release_after_success, keep_failed_for=keep_failed_for
     )
     garbage = CrashGarbage(min_age=min_age, grace=grace)
-    plan = GcPlan(store=store, now=now, grace=grace)
+    plan = GcPlan(store=store, now=now, grace=grace, signer=signer)
     if groups is None:
         groups = group_by_identity(store, prefix)
     listed = groups
@@ -294,6 +300,7 @@ def plan_gc(
             keep_last=retention,
             garbage=garbage,
             airflow=airflow,
+            signer=signer,
         )
 
     # The identities' heads (and what their planning reads with them) are read HEAD_READERS at a time; the

@@ -22,6 +22,7 @@ from airflow_stateful.core.fleet.catalog import HEAD_READERS, list_identities, r
 from airflow_stateful.core.fleet.status import STATUSES, WorkStatus, work_status
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import utcnow_iso
@@ -62,6 +63,7 @@ def identity_statuses(
     default_interval: timedelta | None = None,
     clock: Callable[[], float] = time.time,
     readers: int = HEAD_READERS,
+    signer: HeadSigner | None = None,
 ) -> Iterator[IdentityStatus]:
     """Every identity under ``prefix`` with a head (or an unreadable one), in key order, as its head is read.
 
@@ -69,7 +71,7 @@ def identity_statuses(
     against a moment before it was read. Identities whose objects have no head (an orphan, a purge in progress)
     are skipped: there is no work to judge. ``default_interval`` applies to leases whose holder declared none.
     """
-    for read in read_heads(store, list_identities(store, prefix), readers=readers):
+    for read in read_heads(store, list_identities(store, prefix), signer=signer, readers=readers):
         if read.error is not None:
             error = f"{type(read.error).__name__}: {read.error}"
             yield IdentityStatus(identity=read.identity, error=error)
@@ -136,6 +138,7 @@ def find_stuck(
     default_interval: timedelta | None = None,
     clock: Callable[[], float] = time.time,
     readers: int = HEAD_READERS,
+    signer: HeadSigner | None = None,
 ) -> StuckReport:
     """Judge every identity under ``prefix`` (:func:`identity_statuses`) and keep what a stuck check reports.
 
@@ -148,7 +151,7 @@ def find_stuck(
     dead: list[IdentityStatus] = []
     errors: list[IdentityStatus] = []
     for item in identity_statuses(
-        store, prefix, default_interval=default_interval, clock=clock, readers=readers
+        store, prefix, default_interval=default_interval, clock=clock, readers=readers, signer=signer
     ):
         if item.status is None:
             errors.append(item)

@@ -16,6 +16,7 @@ from airflow_stateful.core.protocol.retention import unreferenced
 from airflow_stateful.core.records.formats import HEAD_NAME
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
 from airflow_stateful.core.timestamps import parse_iso
 
@@ -54,6 +55,7 @@ def disk_usage(
     progress: Progress | None = None,
     groups: dict[str, list[ObjectInfo]] | None = None,
     readers: int = HEAD_READERS,
+    signer: HeadSigner | None = None,
 ) -> Iterator[Usage]:
     """Usage of every identity under ``prefix``, in key order, each as soon as its head is read.
 
@@ -69,7 +71,7 @@ def disk_usage(
         infos = listed[key]
         identity = Identity.parse(key)
         head_key = f"{key}/{HEAD_NAME}"
-        read = read_head(store, identity) if any(i.key == head_key for i in infos) else None
+        read = read_head(store, identity, signer=signer) if any(i.key == head_key for i in infos) else None
         head = read.head if read is not None else None
         error = read.error if read is not None else None
         return Usage(

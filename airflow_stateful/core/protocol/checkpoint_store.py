@@ -62,6 +62,7 @@ from airflow_stateful.core.records.formats import (
 )
 from airflow_stateful.core.records.heads import HeadRecord, PinRecord
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.records.manifests import FileEntry, Manifest
 from airflow_stateful.core.records.outcomes import TryOutcome
 from airflow_stateful.core.records.outputs import (
@@ -86,6 +87,7 @@ class CheckpointStore(CheckpointReader):
 
     :param store: where the objects live.
     :param identity: whose checkpoints these are.
+    :param signer: the deployment's head signing policy (``None``: no signing).
     :param keep_last: how many committed checkpoints to keep (or pass ``retention``).
     :param lease_ttl: seconds a lease lives without a commit or renewal.
     :param clock: seconds since the epoch; injectable for tests of expiry.
@@ -97,13 +99,14 @@ class CheckpointStore(CheckpointReader):
         *,
         store: ObjectStore,
         identity: Identity,
+        signer: HeadSigner | None = None,
         keep_last: int = DEFAULT_KEEP_LAST,
         retention: RetentionPolicy | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         clock: Callable[[], float] = time.time,
         parallelism: int | None = None,
     ) -> None:
-        super().__init__(store=store, identity=identity, clock=clock, parallelism=parallelism)
+        super().__init__(store=store, identity=identity, signer=signer, clock=clock, parallelism=parallelism)
         if lease_ttl <= 0:
             raise ValueError(f"lease_ttl must be a positive number of seconds, not {lease_ttl!r}")
         self.retention: RetentionPolicy = retention or KeepLast(keep_last)

@@ -16,6 +16,7 @@ from airflow_stateful.core.protocol.cas import DEFAULT_BACKOFF, Backoff, compare
 from airflow_stateful.core.records.formats import HEAD_NAME, MAX_HEAD_BYTES
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import utcnow_iso
 
@@ -25,6 +26,10 @@ class HeadStore:
 
     Safe to share between the threads of one writer (a task and its lease heartbeat): updates from one
     process are serialised by a lock, so they never race each other for the ETag.
+
+    :param signer: signs every head this writes and verifies every head this reads (``None``: no signing).
+        It belongs to the protocol, not to the byte store: whoever opens the store from configuration passes
+        the deployment's signer to every reader and writer it builds, so they all apply the same policy.
     """
 
     def __init__(
@@ -32,10 +37,12 @@ class HeadStore:
         *,
         store: ObjectStore,
         identity: Identity,
+        signer: HeadSigner | None = None,
         clock: Callable[[], float] = time.time,
         backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self.store = store
+        self.signer = signer
         self.identity = identity
         self.clock = clock
         self.backoff = backoff
@@ -44,10 +51,10 @@ class HeadStore:
         self._lock = threading.RLock()
 
     def _read(self, data: bytes) -> HeadRecord:
-        return HeadRecord.from_bytes(data, key=self.key, signer=self.store.head_signer)
+        return HeadRecord.from_bytes(data, key=self.key, signer=self.signer)
 
     def _encode(self, head: HeadRecord) -> bytes:
-        return head.to_bytes(self.store.head_signer)
+        return head.to_bytes(self.signer)
 
     def load(self) -> tuple[HeadRecord | None, str | None]:
         """The current head and its ETag, or ``(None, None)`` when the identity has never been used."""

@@ -21,6 +21,7 @@ from airflow_stateful.core.errors import CheckpointCorruptError, CheckpointNotFo
 from airflow_stateful.core.protocol.heads import HeadStore
 from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.records.outputs import OutputInfo, check_output_name
 from airflow_stateful.core.records.trees import Tree, TreeFile
@@ -32,6 +33,8 @@ class CheckpointReader:
 
     :param store: where the objects live.
     :param identity: whose checkpoints these are.
+    :param signer: the deployment's head signing policy (:class:`~airflow_stateful.core.records.integrity.HeadSigner`;
+        ``None``: heads are neither signed nor required to be).
     :param clock: seconds since the epoch; injectable for tests of expiry.
     :param parallelism: chunks moved at once by a restore; default: what the store suits.
     """
@@ -41,6 +44,7 @@ class CheckpointReader:
         *,
         store: ObjectStore,
         identity: Identity,
+        signer: HeadSigner | None = None,
         clock: Callable[[], float] = time.time,
         parallelism: int | None = None,
     ) -> None:
@@ -49,7 +53,9 @@ class CheckpointReader:
         self.store = store
         self.identity = identity
         self.clock = clock
-        self.heads = HeadStore(store=store, identity=identity, clock=clock)
+        #: The head signing policy every head of this identity is written and read with.
+        self.signer = signer
+        self.heads = HeadStore(store=store, identity=identity, signer=signer, clock=clock)
         #: The identity's bytes (chunks, trees, manifest objects, outputs), read and written below the head.
         self.content = ContentStore(store=store, identity=identity, parallelism=parallelism)
         self.parallelism = self.content.parallelism

@@ -18,7 +18,6 @@ from datetime import datetime
 from pathlib import Path
 
 from airflow_stateful.core.errors import ObjectTooLargeError
-from airflow_stateful.core.records.integrity import HeadSigner
 
 ProgressCallback = Callable[[int], None]
 """Called with the number of bytes moved since the previous call."""
@@ -74,10 +73,6 @@ class ObjectStore(abc.ABC):
 
     #: URL of the store's root, without credentials; used in messages and metadata.
     url: str
-
-    #: Signs every head written and verifies every head read through this store (``None``: no signing). Set by
-    #: whoever opens the store from configuration, so every reader and writer on it applies the same policy.
-    head_signer: HeadSigner | None = None
 
     #: How many chunks a commit or a restore moves at once on this store (threads sharing it).
     parallelism: int = 4

@@ -48,6 +48,7 @@ from airflow_stateful.core.errors import StatefulError
 from airflow_stateful.core.fleet.status import STATUSES
 from airflow_stateful.core.protocol.heads import HeadStore
 from airflow_stateful.core.records.heads import HeadRecord
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.plugins.view.access import Viewer, ViewerDep, checked_identity, checked_prefix
 from airflow_stateful.plugins.view.params import (
@@ -90,11 +91,13 @@ SECURITY_HEADERS = {
 T = TypeVar("T")
 
 
-def configured_store() -> ObjectStore:
-    """The store of ``[stateful] backend_url``, with S3 credentials from ``[stateful] conn_id`` if any."""
+def configured_store() -> tuple[ObjectStore, HeadSigner | None]:
+    """The store of ``[stateful] backend_url``, with S3 credentials from ``[stateful] conn_id`` if any, and the
+    head signing policy of ``[stateful] signing_conn_id`` every head shown is verified with."""
     from airflow_stateful.hooks.state import StateHook
 
-    return StateHook().get_store()
+    hook = StateHook()
+    return hook.get_store(), hook.get_signer()
 
 
 class WorkGate:
@@ -242,6 +245,7 @@ class View:
         bounds: Bounds | None,
         gate: WorkGate | None,
         default_interval: timedelta | None,
+        signer: HeadSigner | None = None,
     ) -> None:
         self._store = store
         self.clock = clock
@@ -249,6 +253,7 @@ class View:
         self.work = gate or WorkGate()
         self._lock = threading.Lock()
         self._opened: ObjectStore | None = None
+        self._signer = signer
         self._interval = default_interval
 
     def store(self) -> ObjectStore:
@@ -257,8 +262,18 @@ class View:
         with self._lock:
             if self._opened is None:
                 store = self._store
-                self._opened = store if isinstance(store, ObjectStore) else (store or configured_store)()
+                if isinstance(store, ObjectStore):
+                    self._opened = store
+                elif store is not None:
+                    self._opened = store()
+                else:
+                    self._opened, self._signer = configured_store()
             return self._opened
+
+    def signer(self) -> HeadSigner | None:
+        """The head signing policy of the store (the configured one's, else what the app was given)."""
+        self.store()
+        return self._signer
 
     def interval(self) -> timedelta:
         """When a lease holder that declared no interval counts as stuck, read on the first request."""
@@ -279,15 +294,21 @@ class View:
             now=self.clock(),
             base=base,
             default_interval=self.interval(),
+            signer=self.signer(),
         )
 
     def tab_work(self, read: Callable[..., TabView], context: dict[str, Any], **where: Any) -> TabLoad:
-        """The work that reads a tab, ``read(store, **where, now=, default_interval=, bounds=)``, and returns it
+        """The work that reads a tab, ``read(store, **where, now=, default_interval=, bounds=, signer=)``, and returns it
         with the page's ``context``."""
 
         def load() -> tuple[TabView, dict[str, Any]]:
             tab = read(
-                self.store(), **where, now=self.clock(), default_interval=self.interval(), bounds=self.bounds
+                self.store(),
+                **where,
+                now=self.clock(),
+                default_interval=self.interval(),
+                bounds=self.bounds,
+                signer=self.signer(),
             )
             return tab, context
 
@@ -414,7 +435,7 @@ class View:
 
         def load() -> HeadRecord | None:
             try:
-                return HeadStore(store=self.store(), identity=identity).load()[0]
+                return HeadStore(store=self.store(), identity=identity, signer=self.signer()).load()[0]
             except StatefulError as exc:  # a corrupt or forged head: say so, as the page's error rows do
                 raise HTTPException(status_code=500, detail=f"{type(exc).__name__}: {exc}") from None
 
@@ -431,6 +452,7 @@ def create_app(
     bounds: Bounds | None = None,
     gate: WorkGate | None = None,
     default_interval: timedelta | None = None,
+    signer: HeadSigner | None = None,
 ) -> FastAPI:
     """The view's FastAPI app.
 
@@ -441,8 +463,12 @@ def create_app(
     :param gate: where the blocking work runs (default: two threads of the view's own).
     :param default_interval: when a lease holder that declared no ``expected_checkpoint_interval`` counts as
         stuck; default: ``[stateful] expected_checkpoint_interval``, read on the first request.
+    :param signer: the head signing policy of a ``store`` given here (the configured store comes with
+        ``[stateful] signing_conn_id``'s).
     """
-    view = View(store, clock=clock, bounds=bounds, gate=gate, default_interval=default_interval)
+    view = View(
+        store, clock=clock, bounds=bounds, gate=gate, default_interval=default_interval, signer=signer
+    )
     app = FastAPI(title="Stateful checkpoints", docs_url=None, redoc_url=None, openapi_url=None)
     use_airflow_auth_manager(app)
     app.middleware("http")(security_headers)

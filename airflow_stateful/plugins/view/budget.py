@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from airflow_stateful.core.data.content import ContentStore
 from airflow_stateful.core.data.transfer_progress import human_bytes
 from airflow_stateful.core.fleet.catalog import ordered_map
-from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.records.heads import CheckpointEntry
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.manifests import Manifest
@@ -93,11 +93,12 @@ def bounded_manifests(
     """
     refusals = [budget.manifest_refused(entry) for entry in entries]
     wanted = [entry for entry, refused in zip(entries, refusals, strict=True) if refused is None]
-    checkpoints = CheckpointStore(store=store, identity=identity)
+    # Below the head: the entries come from a head already read (and verified) by the caller.
+    content = ContentStore(store=store, identity=identity)
 
     def read(entry: CheckpointEntry) -> ManifestRead:
         try:
-            return ManifestRead(manifest=checkpoints.read_manifest(entry))
+            return ManifestRead(manifest=content.read_manifest(entry))
         except Exception as exc:  # shown on its own row
             return ManifestRead(missing=f"{type(exc).__name__}: {exc}")
 

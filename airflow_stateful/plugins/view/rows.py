@@ -26,6 +26,7 @@ from airflow_stateful.core.fleet.catalog import HeadRead, list_identities, read_
 from airflow_stateful.core.fleet.status import work_status
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import parse_iso
@@ -292,6 +293,7 @@ def collect(
     base: str = "",
     default_interval: timedelta = EXPECTED_CHECKPOINT_INTERVAL,
     monotonic: Callable[[], float] = time.monotonic,
+    signer: HeadSigner | None,
 ) -> Listing:
     """Read the head of each identity under ``prefixes`` that ``may_read`` allows, within ``bounds``.
 
@@ -305,7 +307,7 @@ def collect(
     entries: list[Entry] = []
     truncated: str | None = None
     try:
-        for read in read_heads(store, listed):
+        for read in read_heads(store, listed, signer=signer):
             if read.head is None and read.error is None:
                 continue  # no head: objects without state (gc removes them), as before the delimited listing
             entries.append(_entry(read, now=now, base=base, default_interval=default_interval))

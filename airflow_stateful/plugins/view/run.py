@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from airflow_stateful.core.fleet.catalog import list_identities, read_heads
 from airflow_stateful.core.fleet.status import work_status
 from airflow_stateful.core.records.identity import RUN_SCOPE, Identity, encode_segment
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.stores.base import CommonPrefix, ObjectStore
 from airflow_stateful.plugins.view.budget import Budget, Stop, bounded_manifest
 from airflow_stateful.plugins.view.rows import Bounds, human_age, when
@@ -41,6 +42,7 @@ def dag_run_tab(
     default_interval: timedelta,
     bounds: Bounds,
     root: str,
+    signer: HeadSigner | None,
 ) -> TabView:
     """Every stateful task instance of one DAG run: each identity under ``<dag>/<task>/run=<run_id>/`` and the
     named identities this run works on, with status, newest checkpoint and outputs count."""
@@ -63,11 +65,13 @@ def dag_run_tab(
                 for i in list_identities(store, f"{folder}{scope}", on_entry=budget.count)
                 if _in_run(i, run_id)
             ]
-            for read in read_heads(store, run_ids):
+            for read in read_heads(store, run_ids, signer=signer):
                 if read.head is not None or read.error is not None:
                     found.append(Found(read.identity, read, "its key names this run"))
             found.extend(
-                named_matches(store, folder, map_index=None, run_id=run_id, budget=budget, notes=notes)
+                named_matches(
+                    store, folder, map_index=None, run_id=run_id, budget=budget, notes=notes, signer=signer
+                )
             )
     except Stop as stop:
         truncated = f"the listing stopped after it {stop}"

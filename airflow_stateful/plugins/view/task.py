@@ -31,6 +31,7 @@ from airflow_stateful.core.records.cursors import cursor_rows, cursors_to_json, 
 from airflow_stateful.core.records.cursors import items_done as cursors_items_done
 from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
 from airflow_stateful.core.records.identity import NAMED_SCOPE, Identity, encode_segment
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import parse_iso
@@ -127,7 +128,14 @@ class TabView:
 
 
 def named_matches(
-    store: ObjectStore, folder: str, *, map_index: int | None, run_id: str, budget: Budget, notes: list[str]
+    store: ObjectStore,
+    folder: str,
+    *,
+    map_index: int | None,
+    run_id: str,
+    budget: Budget,
+    notes: list[str],
+    signer: HeadSigner | None,
 ) -> Iterator[Found]:
     """The named identities in task folder ``folder`` (``<dag>/<task>/``) whose lease holder works on
     ``run_id`` or whose newest checkpoint ``run_id`` wrote; of map index ``map_index`` unless it is None."""
@@ -144,7 +152,7 @@ def named_matches(
         budget.count()
         candidates.append(identity)
     unreadable = 0
-    for read in read_heads(store, candidates):
+    for read in read_heads(store, candidates, signer=signer):
         head = read.head
         if head is None:
             unreadable += read.error is not None
@@ -179,6 +187,7 @@ def task_instance_tab(
     now: float,
     default_interval: timedelta,
     bounds: Bounds,
+    signer: HeadSigner | None,
 ) -> TabView:
     """The identities of one task instance (its run identity, and the named ones this run works on), each with
     its status, lease, kept history, committed outputs and progress chart."""
@@ -187,13 +196,15 @@ def task_instance_tab(
     found: list[Found] = []
     notes: list[str] = []
     truncated = None
-    read = read_head(store, run_identity)
+    read = read_head(store, run_identity, signer=signer)
     if read.head is not None or read.error is not None:
         found.append(Found(run_identity, read, "its key names this run"))
     folder = f"{encode_segment(dag_id)}/{encode_segment(task_id)}/"
     try:
         found.extend(
-            named_matches(store, folder, map_index=map_index, run_id=run_id, budget=budget, notes=notes)
+            named_matches(
+                store, folder, map_index=map_index, run_id=run_id, budget=budget, notes=notes, signer=signer
+            )
         )
     except Stop as stop:
         truncated = f"the search for named identities stopped after it {stop}"
