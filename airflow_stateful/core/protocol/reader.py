@@ -58,10 +58,14 @@ class CheckpointReader:
         self.heads = HeadStore(store=store, identity=identity, signer=signer, clock=clock)
         #: The identity's bytes (chunks, trees, manifest objects, outputs), read and written below the head.
         self.content = ContentStore(store=store, identity=identity, parallelism=parallelism)
-        self.parallelism = self.content.parallelism
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(identity={self.identity.key!r}, store={self.store!r})"
+
+    @property
+    def parallelism(self) -> int:
+        """Chunks moved at once by a commit or a restore (the content store's: one number, not a copy)."""
+        return self.content.parallelism
 
     @property
     def file_index(self) -> FileIndex:

@@ -41,7 +41,7 @@ from airflow_stateful.core.stores.base import (
     StoredFile,
     too_large,
 )
-from airflow_stateful.core.stores.s3_download import download_ranged, download_whole
+from airflow_stateful.core.stores.s3_download import Download
 from airflow_stateful.core.stores.s3_errors import NOT_FOUND, READ_ATTEMPTS, transit_error, translate
 from airflow_stateful.core.stores.s3_options import (
     botocore_config,
@@ -310,38 +310,23 @@ class S3ObjectStore(ObjectStore):
         sha256: str,
         progress: ProgressCallback | None = None,
     ) -> None:
-        full_key = self._key(key)
-        if size <= self.part_size:
-            download_whole(
-                self.client,
-                bucket=self.bucket,
-                key=key,
-                full_key=full_key,
-                url=self.url,
-                dest=dest,
-                size=size,
-                sha256=sha256,
-                owner=self._owner,
-                translate=self._translate,
-                progress=progress,
-            )
-            return
-        download_ranged(
-            self.client,
-            self._executor,
+        download = Download(
+            client=self.client,
             bucket=self.bucket,
             key=key,
-            full_key=full_key,
+            full_key=self._key(key),
             url=self.url,
+            owner=self._owner,
+            translate=self._translate,
             dest=dest,
             size=size,
             sha256=sha256,
-            part_size=self.part_size,
-            max_concurrency=self.max_concurrency,
-            owner=self._owner,
-            translate=self._translate,
             progress=progress,
         )
+        if size <= self.part_size:
+            download.whole()
+        else:
+            download.ranged(self._executor, part_size=self.part_size, max_concurrency=self.max_concurrency)
 
     def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
         full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix

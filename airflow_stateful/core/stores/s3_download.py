@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,119 +35,119 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 
-def download_whole(
-    client: S3Client,
-    *,
-    bucket: str,
-    key: str,
-    full_key: str,
-    url: str,
-    dest: Path,
-    size: int,
-    sha256: str,
-    owner: Mapping[str, Any],
-    translate: Translate,
-    progress: ProgressCallback | None,
-) -> None:
-    """Download ``full_key`` with one GET to ``dest``, published only if it has ``size`` bytes and ``sha256``.
+@dataclass(frozen=True)
+class Download:
+    """One verified download of a stored object to a local file, as :meth:`S3ObjectStore.download_file` asks.
 
+    :param client: the store's boto3 client; ``bucket`` its bucket.
     :param key: the store's key, named in errors; ``full_key`` is the bucket's (the store's prefix added).
     :param url: the store's ``s3://bucket/prefix``, named in errors.
     :param owner: the ``ExpectedBucketOwner`` argument (or none), sent with every request.
     :param translate: the store's error translation.
-    """
-    for attempt in range(1, READ_ATTEMPTS + 1):
-        try:
-            body = client.get_object(Bucket=bucket, Key=full_key, **owner)["Body"]
-        except Exception as exc:
-            raise translate(exc, key) from exc
-        try:
-            copy_verified(body, dest, key=key, where=url, size=size, sha256=sha256, progress=progress)
-        except CheckpointCorruptError:
-            # Wrong bytes twice are the object's; once may be the way (a body cut short under a
-            # rewritten length, from an endpoint that sends no checksum): read it again first.
-            if attempt < READ_ATTEMPTS:
-                continue
-            raise
-        except Exception as exc:
-            if attempt < READ_ATTEMPTS and transit_error(exc):
-                continue
-            raise translate(exc, key, reading=True) from exc
-        return
-
-
-def download_ranged(
-    client: S3Client,
-    executor: Callable[[], ThreadPoolExecutor],
-    *,
-    bucket: str,
-    key: str,
-    full_key: str,
-    url: str,
-    dest: Path,
-    size: int,
-    sha256: str,
-    part_size: int,
-    max_concurrency: int,
-    owner: Mapping[str, Any],
-    translate: Translate,
-    progress: ProgressCallback | None,
-) -> None:
-    """Download ``full_key`` in ``part_size`` ranges, in parallel, to ``dest``, published only if it verifies.
-
-    The parameters are :func:`download_whole`'s, with the store's thread pool (``executor``), its
-    ``part_size`` (the size of a range) and ``max_concurrency`` (ranges in flight at once).
+    :param dest: where the file appears, only once it has ``size`` bytes and ``sha256``.
     """
 
-    def fetch(start: int, end: int) -> bytes:
+    client: S3Client
+    bucket: str
+    key: str
+    full_key: str
+    url: str
+    owner: Mapping[str, Any]
+    translate: Translate
+    dest: Path
+    size: int
+    sha256: str
+    progress: ProgressCallback | None = None
+
+    def whole(self) -> None:
+        """Download with one GET."""
         for attempt in range(1, READ_ATTEMPTS + 1):
             try:
-                response = client.get_object(
-                    Bucket=bucket, Key=full_key, Range=f"bytes={start}-{end}", **owner
-                )
+                body = self.client.get_object(Bucket=self.bucket, Key=self.full_key, **self.owner)["Body"]
             except Exception as exc:
-                if client_error_code(exc) == "InvalidRange":
-                    return b""  # shorter than recorded: the size check below names it corrupt
-                raise
-            total = str(response.get("ContentRange", "")).rpartition("/")[2]
-            if total.isdigit() and int(total) != size:
-                raise CheckpointCorruptError(
-                    f"object {key!r} in {url} is corrupt: expected {size} bytes, the store holds "
-                    f"{total}. The bytes were not used."
-                )
+                raise self.translate(exc, self.key) from exc
             try:
-                data: bytes = response["Body"].read()
-                if len(data) != end - start + 1:
-                    # The object is long enough (Content-Range says so): the answer was cut short.
-                    raise ShortRange(f"bytes {start}-{end}: {len(data)} bytes arrived")
+                copy_verified(
+                    body,
+                    self.dest,
+                    key=self.key,
+                    where=self.url,
+                    size=self.size,
+                    sha256=self.sha256,
+                    progress=self.progress,
+                )
+            except CheckpointCorruptError:
+                # Wrong bytes twice are the object's; once may be the way (a body cut short under a
+                # rewritten length, from an endpoint that sends no checksum): read it again first.
+                if attempt < READ_ATTEMPTS:
+                    continue
+                raise
             except Exception as exc:
                 if attempt < READ_ATTEMPTS and transit_error(exc):
                     continue
-                raise translate(exc, key, reading=True) from exc
-            return data
-        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+                raise self.translate(exc, self.key, reading=True) from exc
+            return
 
-    ranges = [(start, min(start + part_size, size) - 1) for start in range(0, size, part_size)]
-    pending: deque[Future[bytes]] = deque()
-    pool = executor()
-    try:
-        with VerifiedFileWriter(
-            dest, key=key, where=url, size=size, sha256=sha256, progress=progress
-        ) as writer:
-            todo = iter(ranges)
-            for start, end in todo:
-                pending.append(pool.submit(fetch, start, end))
-                if len(pending) >= max_concurrency:
-                    break
-            while pending:
-                writer.write(pending.popleft().result())
-                nxt = next(todo, None)
-                if nxt is not None:
-                    pending.append(pool.submit(fetch, *nxt))
-    except StatefulError:
-        raise
-    except Exception as exc:
-        raise translate(exc, key) from exc
-    finally:
-        for future in pending:
-            future.cancel()
+    def ranged(
+        self, executor: Callable[[], ThreadPoolExecutor], *, part_size: int, max_concurrency: int
+    ) -> None:
+        """Download in ``part_size`` ranges, up to ``max_concurrency`` in flight at once on the store's thread
+        pool (``executor``), hashed in order as they arrive."""
+
+        def fetch(start: int, end: int) -> bytes:
+            for attempt in range(1, READ_ATTEMPTS + 1):
+                try:
+                    response = self.client.get_object(
+                        Bucket=self.bucket, Key=self.full_key, Range=f"bytes={start}-{end}", **self.owner
+                    )
+                except Exception as exc:
+                    if client_error_code(exc) == "InvalidRange":
+                        return b""  # shorter than recorded: the size check below names it corrupt
+                    raise
+                total = str(response.get("ContentRange", "")).rpartition("/")[2]
+                if total.isdigit() and int(total) != self.size:
+                    raise CheckpointCorruptError(
+                        f"object {self.key!r} in {self.url} is corrupt: expected {self.size} bytes, the store holds "
+                        f"{total}. The bytes were not used."
+                    )
+                try:
+                    data: bytes = response["Body"].read()
+                    if len(data) != end - start + 1:
+                        # The object is long enough (Content-Range says so): the answer was cut short.
+                        raise ShortRange(f"bytes {start}-{end}: {len(data)} bytes arrived")
+                except Exception as exc:
+                    if attempt < READ_ATTEMPTS and transit_error(exc):
+                        continue
+                    raise self.translate(exc, self.key, reading=True) from exc
+                return data
+            raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+        ranges = [(start, min(start + part_size, self.size) - 1) for start in range(0, self.size, part_size)]
+        pending: deque[Future[bytes]] = deque()
+        pool = executor()
+        try:
+            with VerifiedFileWriter(
+                self.dest,
+                key=self.key,
+                where=self.url,
+                size=self.size,
+                sha256=self.sha256,
+                progress=self.progress,
+            ) as writer:
+                todo = iter(ranges)
+                for start, end in todo:
+                    pending.append(pool.submit(fetch, start, end))
+                    if len(pending) >= max_concurrency:
+                        break
+                while pending:
+                    writer.write(pending.popleft().result())
+                    nxt = next(todo, None)
+                    if nxt is not None:
+                        pending.append(pool.submit(fetch, *nxt))
+        except StatefulError:
+            raise
+        except Exception as exc:
+            raise self.translate(exc, self.key) from exc
+        finally:
+            for future in pending:
+                future.cancel()
