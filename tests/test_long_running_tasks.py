@@ -88,6 +88,7 @@ class CliGcLoop:
 
     def __init__(self) -> None:
         self.codes: list[int] = []
+        self.errors: list[str] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
@@ -103,6 +104,8 @@ class CliGcLoop:
         while not self.stop.is_set():
             done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=dict(os.environ))
             self.codes.append(done.returncode)
+            if done.returncode:
+                self.errors.append(done.stderr[-2000:])
 
     def __enter__(self) -> CliGcLoop:
         self.thread.start()
@@ -121,7 +124,9 @@ def test_a_task_computing_4x_the_ttl_between_saves_succeeds_on_its_first_try_whi
     dag_file = write_dag(dags_folder, tmp_path, body)
     with GcLoop(store, keep_last=1, grace=1) as gc, CliGcLoop() as cli_gc:
         _, run = run_dag(dag_file)
-    assert cli_gc.codes and set(cli_gc.codes) == {0}, "the CLI's GC ran beside the task, and succeeded"
+    assert cli_gc.codes and set(cli_gc.codes) == {0}, (
+        f"the CLI's GC failed beside the task: {cli_gc.errors[:1]}"
+    )
     assert run.state == "success"
     assert ledger_by_try(dag_file.ledger) == {1: [0, 1, 2, 3]}, "one try, never fenced, never retried"
     assert task_instance(run, "train").try_number == 1

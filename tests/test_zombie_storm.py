@@ -6,6 +6,7 @@ See tests/soak/zombie_storm.py for what each writer does and what the checker ve
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +20,11 @@ pytestmark = [pytest.mark.slow]
 
 @pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
 def test_writers_stealing_one_lease_in_turns_lose_no_acknowledged_update(kind: str) -> None:
+    before = dict(os.environ)
     result = zombie_storm.storm(kind, writers=3, seconds=3, seed=7)
+    # The storm's server is gone: its endpoint left in this process's environment sent a later test's
+    # `airflow-stateful gc` to a dead port (STATEFUL_S3_ENDPOINT_URL overrides the connection's endpoint).
+    assert dict(os.environ) == before, "the storm left its settings in the environment"
     print({k: v for k, v in result.items() if k != "problems"})
     assert result["problems"] == []
     # The storm really stormed: many hand-overs, each ending with a writer told it was fenced.

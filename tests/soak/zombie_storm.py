@@ -224,10 +224,21 @@ def backend(kind: str, root: Path) -> Iterator[tuple[str, dict[str, str], Any]]:
             "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET_KEY,
             "AWS_DEFAULT_REGION": "us-east-1",
         }
+        # For the storm's own checks in this process, and only while the storm runs: the endpoint is this
+        # server's, which stops afterwards. Left behind, it would send every later S3 client of the process
+        # (and the CLI runs it starts, which read STATEFUL_S3_ENDPOINT_URL) to a dead port.
+        saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
-        url = "s3://storm/state"
-        with store_from_url(url, endpoint_url=server.endpoint_url) as store:
-            yield url, env, store
+        try:
+            url = "s3://storm/state"
+            with store_from_url(url, endpoint_url=server.endpoint_url) as store:
+                yield url, env, store
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def storm(kind: str, writers: int, seconds: float, seed: int) -> dict[str, Any]:
