@@ -149,16 +149,7 @@ def check_restore_targets(dest: Path, rels: Collection[PurePosixPath]) -> None:
             if current in checked:
                 continue
             checked.add(current)
-            if current.is_symlink():
-                raise InvalidValueError(
-                    f"{str(current)!r} is a symbolic link inside the restore destination; a restore never writes "
-                    "through links. Remove it (nothing was restored)."
-                )
-            if current.exists() and not current.is_dir():
-                raise InvalidValueError(
-                    f"{str(current)!r} is a file where the checkpoint has a directory; remove it (nothing was "
-                    "restored)."
-                )
+            check_restore_directory(current, where=" inside the restore destination")
         target = dest / rel
         if target.is_dir() and not target.is_symlink():
             raise InvalidValueError(
@@ -166,13 +157,14 @@ def check_restore_targets(dest: Path, rels: Collection[PurePosixPath]) -> None:
             )
 
 
-def check_restore_directory(path: Path) -> None:
-    """Refuse a restore into ``path`` (a directory output's own path) when it is a link or a file: a restore
-    never writes through links, and a file there would stop it. Nothing has been changed when it raises."""
+def check_restore_directory(path: Path, *, where: str = "") -> None:
+    """Refuse a restore into ``path`` (a directory output's own path, or a directory on the way to a file) when
+    it is a link or a file: a restore never writes through links, and a file there would stop it. Nothing has
+    been changed when it raises; ``where`` says where the link is, in the message."""
     if path.is_symlink():
         raise InvalidValueError(
-            f"{str(path)!r} is a symbolic link; a restore never writes through links. Remove it (nothing was "
-            "restored)."
+            f"{str(path)!r} is a symbolic link{where}; a restore never writes through links. Remove it (nothing "
+            "was restored)."
         )
     if path.exists() and not path.is_dir():
         raise InvalidValueError(
