@@ -337,3 +337,38 @@ def test_every_reader_of_a_signing_deployment_refuses_a_forged_head(
         store, prefixes=[""], may_read=lambda i: True, bounds=Bounds(), now=time.time(), signer=signer
     )
     assert [refused in str(e.row) for e in listing.entries] == [True]
+
+
+# -- names end where they end (issue 23, LOW 7) ----------------------------------------------------------------
+def _trailing_newline_cases() -> list[Any]:
+    from airflow_stateful.core.records.outputs import check_output_name
+
+    def codec(name: str) -> Any:
+        from airflow_stateful.core.records.fields import Fields
+        from airflow_stateful.core.records.formats import CODEC_NAME
+
+        return Fields({"value_codec": name}, what="manifest").text(
+            "value_codec", max_len=16, pattern=CODEC_NAME
+        )
+
+    def token(value: str) -> Any:
+        from airflow_stateful.core.records.fields import Fields
+
+        return Fields({"token": value}, what="lease").token("token")
+
+    return [
+        pytest.param(check_output_name, "daily-report", id="output name"),
+        pytest.param(lambda v: HeadSigner(key=KEY, key_id=v), "prod-1", id="signing key id"),
+        pytest.param(Identity.parse, "etl/crunch/name=model/map=-1", id="identity key"),
+        pytest.param(codec, "json", id="value codec"),
+        pytest.param(token, "a" * 40, id="lease token"),
+    ]
+
+
+@pytest.mark.parametrize(("check", "good"), _trailing_newline_cases())
+def test_a_name_with_a_trailing_newline_is_refused(check: Any, good: str) -> None:
+    """``re.match`` with ``$`` also accepts the string followed by one newline: a name that is not the one shown
+    (an output ``'report\\n'`` beside ``'report'``, a key id that logs as two lines) must be refused."""
+    check(good)
+    with pytest.raises((ValueError, CheckpointCorruptError)):
+        check(good + "\n")

@@ -25,7 +25,7 @@ def parse_duration(value: timedelta | str | float | int, *, what: str = "duratio
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     elif isinstance(value, str):
-        match = _DURATION.match(value.strip().lower())
+        match = _DURATION.fullmatch(value.strip().lower())
         if not match:
             raise ValueError(f"{what} must be a duration such as 90, 30s, 5m, 12h or 30d, not {value!r}")
         seconds = float(match.group(1)) * _UNITS[match.group(2)]

@@ -32,7 +32,7 @@ def identity_label(identity: Identity) -> str:
     (it ends in its map index), so the two forms cannot collide either.
     """
     escaped = "".join(_ESCAPES.get(ch, ch) for ch in identity.key)
-    if len(escaped) <= _LABEL_MAX and _LABEL_VALUE_RE.match(escaped):
+    if len(escaped) <= _LABEL_MAX and _LABEL_VALUE_RE.fullmatch(escaped):
         return escaped
     digest = hashlib.sha256(identity.key.encode("utf-8")).hexdigest()[:16]
     prefix = re.sub(r"^[^A-Za-z0-9]+", "", escaped)[: _LABEL_MAX - len(digest) - 1].rstrip("._-")

@@ -82,7 +82,7 @@ class Fields:
         value = self.body.get(name, default)
         if not isinstance(value, str) or len(value) > max_len or "\x00" in value:
             raise self.bad(name, f"a string of at most {max_len} characters without NUL")
-        if pattern is not None and not pattern.match(value):
+        if pattern is not None and not pattern.fullmatch(value):
             raise self.bad(name, f"a string matching {pattern.pattern}")
         return value
 

@@ -60,8 +60,8 @@ def _check_segment(segment: str, *, key: str) -> None:
         raise IdentityError(f"identity {key!r} has an empty segment (a leading, trailing or doubled '/').")
     if segment in (".", ".."):
         raise IdentityError(f"identity {key!r} has the segment {segment!r}, which could escape its prefix.")
-    if not _SEGMENT_RE.match(segment):
-        bad = sorted({ch for ch in segment if not _SEGMENT_RE.match(ch)})
+    if not _SEGMENT_RE.fullmatch(segment):
+        bad = sorted({ch for ch in segment if not _SEGMENT_RE.fullmatch(ch)})
         raise IdentityError(
             f"identity {key!r} has the segment {segment!r} with characters {bad!r}; "
             "segments may hold only letters, digits and . _ - % = +."
@@ -123,7 +123,7 @@ class Identity:
         if isinstance(map_index, bool) or not isinstance(map_index, int) or map_index < -1:
             raise IdentityError(f"map_index must be an integer >= -1, not {map_index!r}.")
         if name is not None:
-            if not isinstance(name, str) or not _NAME_RE.match(name) or len(name) > MAX_NAME_CHARS:
+            if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or len(name) > MAX_NAME_CHARS:
                 raise IdentityError(
                     f"identity name {name!r} is not valid: use 1-{MAX_NAME_CHARS} letters, digits, "
                     "'.', '_' or '-', starting with a letter or digit (e.g. 'nightly-watermark')."

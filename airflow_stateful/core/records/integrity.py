@@ -46,7 +46,7 @@ class HeadSigner:
             raise ConfigurationError(
                 "the head signing key must be at least 16 bytes (the value is not shown)"
             )
-        if not isinstance(self.key_id, str) or not _KEY_ID.match(self.key_id):
+        if not isinstance(self.key_id, str) or not _KEY_ID.fullmatch(self.key_id):
             raise ConfigurationError(
                 f"the head signing key id must be 1-64 letters, digits or . _ : -, not {self.key_id!r}"
             )

@@ -45,7 +45,7 @@ Kind = Literal["file", "directory"]
 
 def check_output_name(name: Any) -> str:
     """``name`` if it is a valid output name; InvalidValueError naming it otherwise (before anything is sent)."""
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
         raise InvalidValueError(
             f"output name {shown} is not valid: use 1-200 letters, digits, '.', '_' or '-', starting with a "

@@ -51,7 +51,7 @@ def store_from_url(url: str, **options: Any) -> ObjectStore:
         if "@" in rest or ":" in authority:
             # Never echo the URL: a secret key may sit anywhere in it (AWS secret keys contain '/').
             bucket = rest.rpartition("@")[2].split("/", 1)[0] if "@" in rest else ""
-            named = f" for bucket {bucket!r}" if _BUCKET_RE.match(bucket) else ""
+            named = f" for bucket {bucket!r}" if _BUCKET_RE.fullmatch(bucket) else ""
             raise ConfigurationError(
                 f"backend_url{named} must not carry credentials (user:password@ or ':' in the bucket); put "
                 "them in the Airflow connection (conn_id) or the AWS credential chain. The URL is not "
@@ -59,7 +59,7 @@ def store_from_url(url: str, **options: Any) -> ObjectStore:
             )
         if not parsed.netloc:
             raise ConfigurationError(f"backend_url {url!r} has no bucket; use s3://bucket/prefix")
-        if not _BUCKET_RE.match(parsed.netloc):
+        if not _BUCKET_RE.fullmatch(parsed.netloc):
             raise ConfigurationError(
                 f"backend_url {url!r}: {parsed.netloc!r} is not a valid S3 bucket name (3-63 characters: "
                 "lower-case letters, digits, '.' and '-')."

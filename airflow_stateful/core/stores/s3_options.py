@@ -98,7 +98,7 @@ def check_encryption(
             server_side_encryption, SSE_ALGORITHMS, what=source("server_side_encryption")
         )
     if sse_kms_key_id is not None:
-        if not isinstance(sse_kms_key_id, str) or not _KMS_KEY_RE.match(sse_kms_key_id):
+        if not isinstance(sse_kms_key_id, str) or not _KMS_KEY_RE.fullmatch(sse_kms_key_id):
             raise ConfigurationError(
                 f"{source('sse_kms_key_id')} must be a KMS key id, key ARN or alias, not {sse_kms_key_id!r}"
             )
@@ -127,7 +127,7 @@ def check_expected_bucket_owner(owner: object, *, source: Source = _same) -> dic
     """
     if owner is None:
         return {}
-    if not isinstance(owner, str) or not _OWNER_RE.match(owner):
+    if not isinstance(owner, str) or not _OWNER_RE.fullmatch(owner):
         hint = " (write it as a string: account ids may start with 0)" if isinstance(owner, int) else ""
         raise ConfigurationError(
             f"{source('expected_bucket_owner')} must be a 12-digit AWS account id, not {owner!r}{hint}"
@@ -399,7 +399,7 @@ def check_assume_role(
         if assume_role_kwargs:
             raise ConfigurationError(f"{source('assume_role_kwargs')} is set but {source('role_arn')} is not")
         return None
-    if not isinstance(role_arn, str) or not _ROLE_ARN_RE.match(role_arn):
+    if not isinstance(role_arn, str) or not _ROLE_ARN_RE.fullmatch(role_arn):
         raise ConfigurationError(
             f"{source('role_arn')} must be an IAM role ARN (arn:aws:iam::<account>:role/<name>), not {role_arn!r}"
         )
@@ -417,7 +417,7 @@ def check_assume_role(
             f"accepted: {', '.join(sorted(ASSUME_ROLE_KWARGS))}"
         )
     name = kwargs.setdefault("RoleSessionName", "airflow-stateful")
-    if not isinstance(name, str) or not _SESSION_NAME_RE.match(name):
+    if not isinstance(name, str) or not _SESSION_NAME_RE.fullmatch(name):
         raise ConfigurationError(
             f"{what}.RoleSessionName must be 2-64 characters of letters, digits and +=,.@_-, not {name!r}"
         )
