@@ -15,10 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from airflow_stateful.core.records.formats import MAX_CHUNK_BYTES
+
 MIB = 1024 * 1024
-AVG_CHUNK = 2 * MIB
+MAX_CHUNK = MAX_CHUNK_BYTES
+"""The largest chunk cut: what every reader accepts (a larger one would be refused as corrupt)."""
+AVG_CHUNK = MAX_CHUNK // 2
 MIN_CHUNK = AVG_CHUNK // 4
-MAX_CHUNK = AVG_CHUNK * 2
 WINDOW = 2 * MAX_CHUNK
 """Bytes of a file the chunker holds while it looks for the next cut point."""
 SMALL_FILE = MAX_CHUNK

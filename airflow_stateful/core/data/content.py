@@ -124,6 +124,13 @@ class ContentStore:
                 f"{ref.sha256}, read {len(blob.data)} bytes with SHA-256 {got}. Its files were not used."
             )
         tree = Tree.from_bytes(blob.data, key=ref.key, identity=self.identity.key)
+        if tree.total_size != ref.total_size or len(tree.files) != ref.file_count:
+            # What `ls`, `du`, the restore log and the restore cache's size check read without the tree.
+            raise CheckpointCorruptError(
+                f"tree {ref.key!r} in {self.store.url} holds {len(tree.files)} file(s) of {tree.total_size} bytes, "
+                f"but its checkpoint records file_count {ref.file_count} and total_size {ref.total_size}: the "
+                "record was altered. Its files were not used."
+            )
         self._keep(ref.key, tree)
         return tree
 

@@ -33,6 +33,10 @@ MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 """Largest manifest a head may point at; a reader also never reads more than the size the head recorded."""
 MAX_KEPT = 1000
 """Most checkpoints one head may list (``keep_last`` is capped at this)."""
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
+"""The largest chunk a writer cuts (:data:`airflow_stateful.core.data.chunking.MAX_CHUNK` is this) and a reader
+accepts: a download holds a whole chunk in memory, so a tree claiming a larger one is refused when it is read.
+Raising it is a format change (readers of this release would refuse the larger chunks)."""
 MAX_EXPECTED_INTERVAL = 366 * 86400.0
 """Longest ``expected_checkpoint_interval`` a lease may declare (a year, in seconds)."""
 

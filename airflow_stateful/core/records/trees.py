@@ -27,6 +27,7 @@ from typing import Any
 from airflow_stateful.core.errors import CheckpointCorruptError
 from airflow_stateful.core.records.canonical import canonical_json
 from airflow_stateful.core.records.fields import Fields
+from airflow_stateful.core.records.formats import MAX_CHUNK_BYTES
 
 MAX_FILES = 1_000_000
 """Most files one checkpoint may hold."""
@@ -37,6 +38,8 @@ TREE_DIR = "~trees"
 CHUNK_DIR = "~chunks"
 TREE_FORMAT = 2
 MAX_CHUNKS_PER_FILE = 1 << 20
+MAX_FILE_BYTES = MAX_CHUNKS_PER_FILE * MAX_CHUNK_BYTES
+"""The largest file a tree can hold (4 TiB): as many chunks as a file may have, each as large as a chunk may be."""
 MAX_TREE_BYTES = 512 * 1024 * 1024
 """Largest tree a reader accepts (also capped by the size its checkpoint recorded)."""
 
@@ -80,7 +83,7 @@ class ChunkRef:
         return cls(
             key=_content_key(f, "key", identity=identity, folder=CHUNK_DIR, sha256=sha256),
             sha256=sha256,
-            size=f.integer("size", maximum=1 << 40),
+            size=f.integer("size", maximum=MAX_CHUNK_BYTES),
         )
 
 
@@ -98,7 +101,7 @@ class TreeFile:
     @classmethod
     def from_json(cls, data: Any, *, identity: str, what: str) -> TreeFile:
         f = Fields(data, what=what)
-        path, size = f.text("path", max_len=MAX_PATH), f.integer("size", maximum=1 << 50)
+        path, size = f.text("path", max_len=MAX_PATH), f.integer("size", maximum=MAX_FILE_BYTES)
         chunks = tuple(
             ChunkRef.from_json(c, identity=identity, what=f"{what} chunk {n}")
             for n, c in enumerate(f.items("chunks", max_items=MAX_CHUNKS_PER_FILE))
@@ -174,5 +177,5 @@ class TreeRef:
             sha256=sha256,
             size=f.integer("size", maximum=MAX_TREE_BYTES),
             file_count=f.integer("file_count", maximum=MAX_FILES),
-            total_size=f.integer("total_size"),
+            total_size=f.integer("total_size", maximum=MAX_FILES * MAX_FILE_BYTES),
         )
