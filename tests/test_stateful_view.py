@@ -532,3 +532,58 @@ def test_the_page_renders_in_headless_chromium(view_server: str, tmp_path: Path)
     shot = ARTIFACTS / "stateful-view.png"
     data = screenshot(chromium, view_server, shot, window_size="1280,800", flags=["--disable-quic"])
     assert len(data) > 20_000, f"a {len(data)}-byte screenshot is too small to show the table"
+
+
+def test_error_rows_name_no_store_location_to_a_user_who_may_not_read_the_configuration(
+    tmp_path: Path, admin: dict[str, str]
+) -> None:
+    """``backend_url`` is hidden from users without the configuration permission; the errors on rows and in
+    the history's 500 must not show it either (``file:///...``, ``s3://...``, the store's directory)."""
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    from airflow_stateful.plugins.view.access import Viewer, current_viewer
+
+    root = tmp_path / "secret-location" / "state"
+    store = LocalObjectStore(root=root, fsync=False)
+    populate(store, tmp_path)
+    store.put(
+        f"{NAMED_IDENTITY.key}/~head.json", b" " * (3 * 1024 * 1024)
+    )  # oversized: its error names the store
+    app = create_app(store)
+    seen = {}
+    for who, reads_configuration in (("viewer", False), ("admin", True)):
+        app.dependency_overrides[current_viewer] = lambda rc=reads_configuration: Viewer(
+            user=SimpleAuthManagerUser(username="u", role="viewer"),
+            readable_dags=frozenset(),
+            reads_every_dag=True,
+            reads_configuration=rc,
+        )
+        client = TestClient(app)
+        rows = {r["identity"]: r for r in client.get("/api/identities").json()["identities"]}
+        history = client.get(f"/api/identities/{quote(NAMED_IDENTITY.key, safe='/')}/history")
+        page = client.get("/").text
+        seen[who] = (rows[NAMED_IDENTITY.key]["error"], history.json()["detail"], page)
+    for text in seen["admin"][:2]:
+        assert str(root) in text, "an admin is shown where the object is"
+    for text in seen["viewer"]:
+        assert "secret-location" not in text and "file://" not in text, text[:300]
+    assert "more than the 2097152 bytes" in seen["viewer"][0] and "<store>" in seen["viewer"][0]
+    assert history.status_code == 500
+
+
+@pytest.mark.s3
+def test_the_redactor_hides_an_s3_store_bucket_prefix_and_endpoint(s3_endpoint: Any, s3_prefix: str) -> None:
+    from airflow_stateful.plugins.view.redact import Redactor
+
+    with s3_endpoint.store(s3_prefix) as store:
+        redact = Redactor.of(store)
+        endpoint = str(s3_endpoint.endpoint_url).rstrip("/")
+        messages = [
+            f"object 'etl/t/~head.json' in {store.url} is 3145728 bytes",
+            f'Could not connect to the endpoint URL: "{endpoint}/{store.bucket}/etl/t/~head.json"',
+            f"bucket '{store.bucket}' does not exist",
+        ]
+        shown = [redact.text(m) for m in messages]
+    for text in shown:
+        assert store.bucket not in text and endpoint not in text and "<store>" in text, text
+    assert "etl/t/~head.json" in shown[0] and "3145728 bytes" in shown[0], "what went wrong is still said"

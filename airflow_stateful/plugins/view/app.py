@@ -59,6 +59,7 @@ from airflow_stateful.plugins.view.params import (
     raw_key,
     view_root,
 )
+from airflow_stateful.plugins.view.redact import NOTHING, Redactor
 from airflow_stateful.plugins.view.rows import Bounds, Entry, Listing, collect, history_of, status_of
 from airflow_stateful.plugins.view.run import dag_run_tab
 from airflow_stateful.plugins.view.task import TabView, run_path, task_instance_tab, ti_path
@@ -285,8 +286,12 @@ class View:
     def backend_url(self, viewer: Viewer) -> str | None:
         return _safe_url(self.store().url) if viewer.reads_configuration else None
 
+    def redactor(self, viewer: Viewer) -> Redactor:
+        """What hides the store's location from ``viewer`` (nothing, for one who may read the configuration)."""
+        return NOTHING if viewer.reads_configuration else Redactor.of(self.store())
+
     def listing(self, viewer: Viewer, prefix: str, limit: int, base: str) -> Listing:
-        return collect(
+        listing = collect(
             self.store(),
             prefixes=viewer.scan_prefixes(prefix),
             may_read=viewer.may_read,
@@ -296,8 +301,11 @@ class View:
             default_interval=self.interval(),
             signer=self.signer(),
         )
+        return self.redactor(viewer).data(listing)
 
-    def tab_work(self, read: Callable[..., TabView], context: dict[str, Any], **where: Any) -> TabLoad:
+    def tab_work(
+        self, viewer: Viewer, read: Callable[..., TabView], context: dict[str, Any], **where: Any
+    ) -> TabLoad:
         """The work that reads a tab, ``read(store, **where, now=, default_interval=, bounds=, signer=)``, and returns it
         with the page's ``context``."""
 
@@ -310,7 +318,7 @@ class View:
                 bounds=self.bounds,
                 signer=self.signer(),
             )
-            return tab, context
+            return self.redactor(viewer).data(tab), context
 
         return load
 
@@ -329,7 +337,7 @@ class View:
             "json_href": ti_path(f"{root}/api", dag_id, run_id, task_id, index),
         }
         return self.tab_work(
-            task_instance_tab, context, dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=index
+            viewer, task_instance_tab, context, dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=index
         )
 
     def run_tab(self, viewer: Viewer, request: Request, *, api: bool = False) -> TabLoad:
@@ -339,7 +347,7 @@ class View:
         viewer.require_dag(dag_id)
         root = view_root(request)
         context = {"dag_id": dag_id, "run_id": run_id, "json_href": run_path(f"{root}/api", dag_id, run_id)}
-        return self.tab_work(dag_run_tab, context, dag_id=dag_id, run_id=run_id, root=root)
+        return self.tab_work(viewer, dag_run_tab, context, dag_id=dag_id, run_id=run_id, root=root)
 
     async def tab_page(self, template: str, load: TabLoad) -> HTMLResponse:
         """A tab's page: ``load`` read and rendered with ``template`` by the work gate."""
@@ -437,7 +445,8 @@ class View:
             try:
                 return HeadStore(store=self.store(), identity=identity, signer=self.signer()).load()[0]
             except StatefulError as exc:  # a corrupt or forged head: say so, as the page's error rows do
-                raise HTTPException(status_code=500, detail=f"{type(exc).__name__}: {exc}") from None
+                detail = self.redactor(viewer).text(f"{type(exc).__name__}: {exc}")
+                raise HTTPException(status_code=500, detail=detail) from None
 
         head = await self.work.run(load)
         if head is None:
