@@ -704,3 +704,65 @@ def test_a_commit_keeps_the_chunks_it_uploads_from_memory_and_skips_what_the_cac
     small.chunk_cache = tiny = LocalChunkCache(directory=tmp_path / "tiny", max_bytes=400_000)
     small.commit(small.acquire(), {"step": 1}, files=files)
     assert tiny.stats.stored == 0
+
+
+# -- what someone writing the cache as the same user can plant (issue 23, LOW 6) -------------------------------
+def _chunk(data: bytes) -> ChunkRef:
+    sha = hashlib.sha256(data).hexdigest()
+    return ChunkRef(key=f"{IDENTITY.key}/~chunks/{sha}", sha256=sha, size=len(data))
+
+
+def test_a_fifo_planted_at_a_chunks_name_costs_a_download_not_a_hang(
+    tmp_path: Path, library_warnings: list[str]
+) -> None:
+    cache = LocalChunkCache(directory=tmp_path / "cache", max_bytes=10 * MIB)
+    chunk = _chunk(b"chunk bytes" * 100)
+    cache.put(_chunk(b"another"), b"another")  # opens the directory
+    fanout = tmp_path / "cache" / chunk.sha256[:2]
+    fanout.mkdir(mode=0o700, exist_ok=True)
+    os.mkfifo(fanout / chunk.sha256)
+    answer: list[Any] = []
+    reader = threading.Thread(target=lambda: answer.append(cache.get(chunk)), daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    if reader.is_alive():
+        # Unblock the hung open (a writer on the FIFO), so the thread ends with the test.
+        os.close(os.open(fanout / chunk.sha256, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("get() hung on a FIFO planted in the cache")
+    assert answer == [None], "a miss: the chunk is downloaded"
+    assert not (fanout / chunk.sha256).exists(), "the FIFO was discarded"
+    assert any("not a regular file" in w for w in library_warnings)
+
+
+def test_a_fanout_directory_that_is_a_link_is_never_written_through_or_read(tmp_path: Path) -> None:
+    """Chunk bytes are as sensitive as the checkpoint: a fan-out directory replaced by a link to a directory
+    the planter can read must not receive them, and what that directory holds must not be served."""
+    cache = LocalChunkCache(directory=tmp_path / "cache", max_bytes=10 * MIB)
+    data = b"secret model weights" * 100
+    chunk = _chunk(data)
+    cache.put(_chunk(b"another"), b"another")  # opens the directory
+    fanout = tmp_path / "cache" / chunk.sha256[:2]
+    planted, empty = tmp_path / "planted", tmp_path / "empty"
+    planted.mkdir()
+    empty.mkdir()
+    (planted / chunk.sha256).write_bytes(data)  # with the right bytes, even
+    fanout.symlink_to(planted)
+    assert cache.get(chunk) is None, "nothing is read through the link"
+    assert not fanout.is_symlink(), "the link was discarded"
+    assert (planted / chunk.sha256).read_bytes() == data, "the link's target is left alone"
+    fanout.symlink_to(empty)
+    cache.put(chunk, data)
+    assert list(empty.iterdir()) == [], "nothing was written through the link"
+    # The cache goes on working: the link was replaced by a private directory of its own.
+    assert not fanout.is_symlink() and (os.stat(fanout).st_mode & 0o777) == 0o700
+    assert cache.get(chunk) == data
+
+
+def test_a_fanout_directory_open_to_others_is_not_used(tmp_path: Path) -> None:
+    cache = LocalChunkCache(directory=tmp_path / "cache", max_bytes=10 * MIB)
+    data = b"x" * 1000
+    chunk = _chunk(data)
+    cache.put(chunk, data)
+    fanout = tmp_path / "cache" / chunk.sha256[:2]
+    fanout.chmod(0o777)
+    assert cache.get(chunk) is None, "a directory others may write is not trusted"

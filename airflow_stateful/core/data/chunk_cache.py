@@ -9,7 +9,9 @@ cost a download, never wrong bytes. ``download_files`` checks the bytes once mor
 What the cache must still protect is confidentiality (checkpoint bytes are sensitive): the directory is
 created 0700, must be owned by the worker's user and must not be a symbolic link (a directory another user
 planted in a shared ``/tmp`` is refused, and the restore goes on without a cache). Every operation is made
-relative to a descriptor of that checked directory, so it cannot be swapped for a link afterwards. Files are
+relative to a descriptor of that checked directory, so it cannot be swapped for a link afterwards; the fan-out
+directories are opened the same way and used only when private (:mod:`~airflow_stateful.core.data.cache_dirs`),
+and a link, FIFO or socket planted in a chunk's place is discarded, never followed or blocked on. Files are
 0600.
 
 Several threads (the restore pool) and several processes (tasks on the same worker) share one directory:
@@ -34,33 +36,36 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import stat
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from airflow_stateful.core.data.cache_dirs import (
+    CHUNK_READ,
+    SHA256,
+    TMP_PREFIX,
+    UnsafeCacheDirectory,
+    discard_entry,
+    fanout,
+    open_private_directory,
+    read_exactly,
+    scan,
+    unlink_quietly,
+    write_all,
+)
 from airflow_stateful.core.data.restore import ChunkCache
 from airflow_stateful.core.records.trees import ChunkRef, Tree
 from airflow_stateful.core.settings import RESTORE_CACHE_MAX_BYTES, StatefulSettings
 
 log = logging.getLogger("airflow_stateful")
 
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_TMP_PREFIX = ".tmp-"
 _LOCK_FILE = ".lock"
 TRIM_TO = 0.9
 """An eviction deletes down to this fraction of ``max_bytes``, so a full cache does not evict on every put."""
 RESCAN_EVERY = 8
 """A process rescans the directory after adding ``max_bytes / RESCAN_EVERY`` (other processes add files too)."""
-STALE_TEMP_SECONDS = 3600
-"""A temporary file this old belongs to a writer that died; an eviction scan deletes it."""
-
-
-class UnsafeCacheDirectory(OSError):
-    """The cache directory is a symbolic link, not a directory, or owned by another user."""
 
 
 @dataclass(frozen=True)
@@ -75,34 +80,6 @@ class CacheStats:
     stored_bytes: int = 0
     evicted: int = 0
     evicted_bytes: int = 0
-
-
-def _open_private_directory(path: Path) -> int:
-    """A descriptor of directory ``path`` (created 0700 if missing), refused unless it is safe to keep
-    checkpoint bytes in: a real directory (not a link), owned by this user, then forced to mode 0700."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    if path.is_symlink():
-        raise UnsafeCacheDirectory(errno.ELOOP, "is a symbolic link; refusing to use it", str(path))
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISDIR(info.st_mode):
-            raise UnsafeCacheDirectory(errno.ENOTDIR, "is not a directory", str(path))
-        if info.st_uid != os.geteuid():
-            raise UnsafeCacheDirectory(
-                errno.EPERM,
-                f"is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()}); refusing to keep "
-                "checkpoint bytes where another user can read or plant them",
-                str(path),
-            )
-        if stat.S_IMODE(info.st_mode) & 0o077:
-            os.fchmod(fd, 0o700)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 class LocalChunkCache(ChunkCache):
@@ -156,41 +133,53 @@ class LocalChunkCache(ChunkCache):
         """The chunk's bytes if a file here has exactly its size and SHA-256; ``None`` otherwise (a file that
         does not match is deleted, never returned)."""
         root = self._root()
-        if root is None or not self._reads or not _SHA256.fullmatch(chunk.sha256):
+        if root is None or not self._reads or not SHA256.fullmatch(chunk.sha256):
             return None
-        name = _name(chunk.sha256)
+        sub = chunk.sha256[:2]
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+            with fanout(root, sub) as folder:
+                if folder is None:
+                    self._count(misses=1)
+                    return None
+                return self._read_chunk(folder, chunk)
+        except UnsafeCacheDirectory as exc:
+            if discard_entry(root, sub):
+                self._discard_note(sub, f"not a directory of the cache ({exc.strerror})")
+            else:
+                self._count(misses=1)
+                log.warning("restore cache %s: %s/ is not used: %s", self.directory, sub, exc.strerror)
+            return None
+        except OSError as exc:
+            self._fail("read from", exc, reads=True)
+            return None
+
+    def _read_chunk(self, folder: int, chunk: ChunkRef) -> bytes | None:
+        name = chunk.sha256
+        try:
+            fd = os.open(name, CHUNK_READ, dir_fd=folder)
         except FileNotFoundError:
             self._count(misses=1)
             return None
         except OSError as exc:
-            if exc.errno in (
-                errno.ELOOP,
-                errno.ENOTDIR,
-            ):  # a link or a file where a fan-out directory belongs
-                self._discard(name, None, f"not a regular file ({exc.strerror})")
+            if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link, or a socket, in a chunk's place
+                self._discard(folder, name, None, f"not a regular file ({exc.strerror})")
                 return None
-            self._fail("read from", exc, reads=True)
-            return None
+            raise
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                self._discard(name, info, "not a regular file")
+                self._discard(folder, name, info, "not a regular file")
                 return None
             if info.st_size != chunk.size:
-                self._discard(name, info, f"{info.st_size} bytes, expected {chunk.size}")
+                self._discard(folder, name, info, f"{info.st_size} bytes, expected {chunk.size}")
                 return None
-            data = _read(fd, chunk.size)
+            data = read_exactly(fd, chunk.size)
             got = hashlib.sha256(data).hexdigest()
             if len(data) != chunk.size or got != chunk.sha256:
-                self._discard(name, info, f"its bytes hash to {got}")
+                self._discard(folder, name, info, f"its bytes hash to {got}")
                 return None
             with contextlib.suppress(OSError):  # a read-only cache still serves hits
                 os.utime(fd)  # most recently used
-        except OSError as exc:
-            self._fail("read from", exc, reads=True)
-            return None
         finally:
             os.close(fd)
         self._count(hits=1, hit_bytes=len(data))
@@ -200,10 +189,13 @@ class LocalChunkCache(ChunkCache):
         """Whether a file of the chunk's size is here (a stat, no read: for telling a warm cache from a cold one;
         :meth:`get` still verifies the bytes before any are used)."""
         root = self._root()
-        if root is None or not self._reads or not _SHA256.fullmatch(chunk.sha256):
+        if root is None or not self._reads or not SHA256.fullmatch(chunk.sha256):
             return False
         try:
-            info = os.stat(_name(chunk.sha256), dir_fd=root, follow_symlinks=False)
+            with fanout(root, chunk.sha256[:2]) as folder:
+                if folder is None:
+                    return False
+                info = os.stat(chunk.sha256, dir_fd=folder, follow_symlinks=False)
         except OSError:
             return False
         return stat.S_ISREG(info.st_mode) and info.st_size == chunk.size
@@ -214,26 +206,36 @@ class LocalChunkCache(ChunkCache):
         if (
             root is None
             or not self._writes
-            or not _SHA256.fullmatch(chunk.sha256)
+            or not SHA256.fullmatch(chunk.sha256)
             or len(data) != chunk.size
             or chunk.size > self.max_bytes
         ):
             return
-        name = _name(chunk.sha256)
-        tmp = f"{chunk.sha256[:2]}/{_TMP_PREFIX}{uuid.uuid4().hex}"
+        name, tmp = chunk.sha256, f"{TMP_PREFIX}{uuid.uuid4().hex}"
         try:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(chunk.sha256[:2], 0o700, dir_fd=root)
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=root
+            with fanout(root, chunk.sha256[:2], create=True) as folder:
+                assert folder is not None  # created
+                try:
+                    fd = os.open(
+                        tmp,
+                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o600,
+                        dir_fd=folder,
+                    )
+                    try:
+                        write_all(fd, data)
+                    finally:
+                        os.close(fd)
+                    os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+                except OSError:
+                    unlink_quietly(tmp, folder)
+                    raise
+        except UnsafeCacheDirectory as exc:
+            log.warning(
+                "restore cache %s: %s/ is not used: %s", self.directory, chunk.sha256[:2], exc.strerror
             )
-            try:
-                _write(fd, data)
-            finally:
-                os.close(fd)
-            os.replace(tmp, name, src_dir_fd=root, dst_dir_fd=root)
+            return
         except OSError as exc:
-            _unlink(tmp, root)
             self._fail("write to", exc, reads=False)
             return
         self._count(stored=1, stored_bytes=len(data))
@@ -252,13 +254,16 @@ class LocalChunkCache(ChunkCache):
         """True if a file of the chunk's size is here (marked most recently used); its bytes are verified
         only when :meth:`get` reads them."""
         root = self._root()
-        if root is None or not self._reads or not _SHA256.fullmatch(chunk.sha256):
+        if root is None or not self._reads or not SHA256.fullmatch(chunk.sha256):
             return False
         try:
-            info = os.stat(_name(chunk.sha256), dir_fd=root, follow_symlinks=False)
-            if not stat.S_ISREG(info.st_mode) or info.st_size != chunk.size:
-                return False
-            os.utime(_name(chunk.sha256), dir_fd=root, follow_symlinks=False)
+            with fanout(root, chunk.sha256[:2]) as folder:
+                if folder is None:
+                    return False
+                info = os.stat(chunk.sha256, dir_fd=folder, follow_symlinks=False)
+                if not stat.S_ISREG(info.st_mode) or info.st_size != chunk.size:
+                    return False
+                os.utime(chunk.sha256, dir_fd=folder, follow_symlinks=False)
         except OSError:
             return False
         return True
@@ -308,15 +313,15 @@ class LocalChunkCache(ChunkCache):
                 fcntl.flock(lock, fcntl.LOCK_EX)  # one evicting process at a time; a scan takes milliseconds
                 with self._lock:
                     added_before = self._added
-                files, total = _scan(root)
+                files, total = scan(root)
                 evicted = evicted_bytes = 0
                 if total > self.max_bytes:
                     files.sort()
                     goal = int(self.max_bytes * TRIM_TO)
-                    for _, size, name in files:
+                    for _, size, sub, name in files:
                         if total <= goal:
                             break
-                        if _unlink(name, root):
+                        if self._evict(root, sub, name):
                             total -= size
                             evicted += 1
                             evicted_bytes += size
@@ -344,7 +349,7 @@ class LocalChunkCache(ChunkCache):
         with self._lock:
             if not self._opened:
                 try:
-                    self._fd = _open_private_directory(self.directory)
+                    self._fd = open_private_directory(self.directory)
                 except OSError as exc:
                     self._reads = self._writes = False
                     log.warning(
@@ -367,24 +372,32 @@ class LocalChunkCache(ChunkCache):
                 }
             )
 
-    def _discard(self, name: str, info: os.stat_result | None, why: str) -> None:
+    def _discard(self, folder: int, name: str, info: os.stat_result | None, why: str) -> None:
         """Delete a file that is not the chunk its name says, unless it was replaced meanwhile (by a whole,
         new file, which the next read verifies)."""
-        root = self._fd
-        self._count(discarded=1, misses=1)
-        log.warning(
-            "restore cache %s: %s is not that chunk (%s); deleted it, downloading", self.directory, name, why
-        )
-        if root is None:
-            return
+        self._discard_note(f"{name[:2]}/{name}", why)
         try:
-            now = os.stat(name, dir_fd=root, follow_symlinks=False)
+            now = os.stat(name, dir_fd=folder, follow_symlinks=False)
             if info is None or (now.st_ino, now.st_dev) == (info.st_ino, info.st_dev):
                 if stat.S_ISDIR(now.st_mode):
                     return  # a directory in a chunk's place: left alone (and never read)
-                os.unlink(name, dir_fd=root)
+                os.unlink(name, dir_fd=folder)
         except OSError:
             pass
+
+    def _discard_note(self, what: str, why: str) -> None:
+        self._count(discarded=1, misses=1)
+        log.warning(
+            "restore cache %s: %s is not that chunk (%s); deleted it, downloading", self.directory, what, why
+        )
+
+    @staticmethod
+    def _evict(root: int, sub: str, name: str) -> bool:
+        try:
+            with fanout(root, sub) as folder:
+                return folder is not None and unlink_quietly(name, folder)
+        except OSError:
+            return False
 
     def _fail(self, action: str, exc: OSError, *, reads: bool) -> None:
         """Stop writing (``reads``: and reading) after the first failure, with one warning."""
@@ -412,75 +425,9 @@ def restore_cache_for(settings: StatefulSettings) -> LocalChunkCache | None:
     return LocalChunkCache(directory=settings.restore_cache_dir, max_bytes=settings.restore_cache_max_bytes)
 
 
-def _name(sha256: str) -> str:
-    return f"{sha256[:2]}/{sha256}"
-
-
 def _offsets(chunks: tuple[ChunkRef, ...]) -> list[tuple[int, ChunkRef]]:
     out, offset = [], 0
     for chunk in chunks:
         out.append((offset, chunk))
         offset += chunk.size
     return out
-
-
-def _read(fd: int, size: int) -> bytes:
-    parts = []
-    remaining = size
-    while remaining > 0:
-        part = os.read(fd, remaining)
-        if not part:
-            break
-        parts.append(part)
-        remaining -= len(part)
-    return b"".join(parts)
-
-
-def _write(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _unlink(name: str, root: int) -> bool:
-    try:
-        os.unlink(name, dir_fd=root)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return False
-    return True
-
-
-def _scan(root: int) -> tuple[list[tuple[int, int, str]], int]:
-    """Every chunk file as ``(mtime_ns, size, name)`` and the bytes the directory holds; deletes the temporary
-    files of writers that died."""
-    files: list[tuple[int, int, str]] = []
-    total = 0
-    stale = time.time_ns() - STALE_TEMP_SECONDS * 1_000_000_000
-    with os.scandir(root) as top:
-        subdirs = [e.name for e in top if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
-    for sub in subdirs:
-        try:
-            fd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
-        except OSError:
-            continue
-        try:
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    try:
-                        info = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    if not stat.S_ISREG(info.st_mode):
-                        continue
-                    if entry.name.startswith(_TMP_PREFIX):
-                        if info.st_mtime_ns < stale and _unlink(f"{sub}/{entry.name}", root):
-                            continue
-                        total += info.st_size
-                    elif _SHA256.fullmatch(entry.name):
-                        files.append((info.st_mtime_ns, info.st_size, f"{sub}/{entry.name}"))
-                        total += info.st_size
-        finally:
-            os.close(fd)
-    return files, total
