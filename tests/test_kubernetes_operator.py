@@ -45,8 +45,10 @@ from kubernetes.client import ApiClient, CoreV1Api
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from airflow_stateful.client.settings import PodSettings
+from airflow_stateful.client.settings import PodSettings, signer_from_env
 from airflow_stateful.core import CheckpointStore, Identity, store_from_url
+from airflow_stateful.core.errors import CheckpointCorruptError, ConfigurationError
+from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.kubernetes.labels import run_label
 from airflow_stateful.kubernetes.pods import LEASE_SECRET_KEY, LEASE_TOKEN_ENV, lease_secret_name
@@ -266,8 +268,9 @@ def test_pre_start_migrates_schema_1_to_2_and_the_pod_gets_the_next_epoch(
 def test_a_signing_deployment_gives_its_pods_the_key_through_the_lease_secret_only(
     state_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With [stateful] signing_conn_id, pods sign the heads they write with the same key; the key is in the
-    per-lease Secret, never in the pod spec."""
+    """With [stateful] signing_conn_id, a pod signs the heads it writes with the key of its own identity,
+    derived from the deployment's (which no pod gets); that key is in the per-lease Secret, never in the pod spec,
+    and it signs nothing a reader accepts for another identity."""
     key = "deployment-signing-key-0123456789"
     monkeypatch.setenv(
         "AIRFLOW_CONN_STATEFUL_SIGNING",
@@ -285,7 +288,9 @@ def test_a_signing_deployment_gives_its_pods_the_key_through_the_lease_secret_on
     )
     assert literal["STATEFUL_SIGNING_KEY"] is None, "from the lease Secret, not a literal"
     env = api.kubelet_env(pod)["base"]
-    assert env["STATEFUL_SIGNING_KEY"] == key
+    deployment = HeadSigner(key=key.encode(), key_id="prod-1", required=True)
+    assert env["STATEFUL_SIGNING_KEY"] != key, "the pod never gets the deployment's key"
+    assert env["STATEFUL_SIGNING_KEY"].encode() == deployment.for_identity(state.identity.key).key
     work = tmp_path / "work"
     work.mkdir()
     (work / "model.bin").write_text("trained")
@@ -293,6 +298,18 @@ def test_a_signing_deployment_gives_its_pods_the_key_through_the_lease_secret_on
     assert saved.returncode == 0, saved.stderr
     head = json.loads(store_from_url(state_url).get(f"{state.identity.key}/~head.json").data)
     assert head["signature"]["key_id"] == "prod-1", "the pod signed the head it wrote"
+    store = store_from_url(state_url)
+    latest = CheckpointStore(store=store, identity=state.identity, signer=deployment).latest()
+    assert latest is not None, "the deployment's readers verify the pod's head"
+    # Whoever takes the key from the pod (exec, the Secret) signs with it a head of another identity: refused.
+    other = Identity.for_task(dag_id="other-team", task_id="job", name="ledger")
+    stolen = HeadSigner(key=env["STATEFUL_SIGNING_KEY"].encode(), key_id="prod-1", identity=other.key)
+    forged = CheckpointStore(store=store, identity=other, signer=stolen)
+    forged.commit(forged.acquire(), {"balance": 10**9})
+    with pytest.raises(CheckpointCorruptError, match="does not verify with key 'prod-1'"):
+        CheckpointStore(store=store, identity=other, signer=deployment).latest()
+    with pytest.raises(ConfigurationError, match="belongs to identity"):
+        CheckpointStore(store=store, identity=other, signer=signer_from_env(env))
     unsigned = {k: v for k, v in env.items() if k != "STATEFUL_SIGNING_KEY"}
     refused = run_client(unsigned, "save", str(work))
     assert refused.returncode == 2 and "STATEFUL_SIGNING_KEY is not set" in refused.stderr
@@ -596,6 +613,7 @@ class PodApi:
         self.client = mock.create_autospec(CoreV1Api, instance=True)
         self.client.list_namespaced_pod.side_effect = self.list_pods
         self.client.create_namespaced_secret.side_effect = self.create_secret
+        self.client.read_namespaced_secret.side_effect = self.read_secret
         self.client.delete_namespaced_pod.side_effect = self.delete_gracefully
         self.manager = mock.create_autospec(PodManager, instance=True)
         self.manager.create_pod.side_effect = self.create_pod
@@ -699,6 +717,12 @@ class PodApi:
         return next(
             (s for s in self.secrets if (s.metadata.name, s.metadata.namespace) == (name, namespace)), None
         )
+
+    def read_secret(self, name: str, namespace: str, **kwargs: Any) -> k8s.V1Secret:
+        found = self.secret(name, namespace)
+        if found is None:
+            raise ApiException(status=404, reason="Not Found")
+        return found
 
     def create_secret(self, namespace: str, body: k8s.V1Secret, **kwargs: Any) -> k8s.V1Secret:
         assert isinstance(body, k8s.V1Secret) and body.metadata.namespace in (None, namespace)
@@ -809,7 +833,12 @@ def test_the_lease_token_is_never_in_the_pod_spec_only_in_a_secret_the_pod_owns(
     ]
     assert with_state, "some container runs the client"
     for container in with_state:
-        (var,) = [v for v in container.env if v.name == LEASE_TOKEN_ENV]
+        tokens = [v for v in container.env if v.name == LEASE_TOKEN_ENV]
+        if mode == "sidecar" and container in pod.spec.containers:
+            # The unchanged job container runs no client: holding the token would let it commit past the sidecar.
+            assert tokens == [], "the job container of sidecar mode gets no lease token"
+            continue
+        (var,) = tokens
         assert var.value is None
         assert (var.value_from.secret_key_ref.name, var.value_from.secret_key_ref.key) == (
             name,
@@ -853,6 +882,35 @@ def test_the_pod_waits_for_its_lease_secret_and_a_refused_secret_removes_the_pod
     with pytest.raises(AirflowException, match=r"HTTP 403 secrets is forbidden.*needs create on secrets"):
         op2.execute(make_context(try_number=2))
     assert api2.pods == [] and api2.secrets == [], "the pod that could never start is gone"
+
+
+def test_a_lease_secret_someone_else_created_under_the_pods_name_keeps_the_pod_from_starting(
+    state_url: str,
+) -> None:
+    """The Secret's name is known to whoever reads the head (it hashes the lease token the head holds). One
+    planted under it before the operator creates it would give the pod a token and key its creator chose: a
+    409 is kept only for the pod's own Secret (owner uid and contents), else the pod is deleted unstarted."""
+    from airflow_stateful.kubernetes.lease_secrets import ForeignLeaseSecret, lease_secret_ref
+
+    op = make_op()
+    api = PodApi(op, keep_running)
+    op.prepare_state(make_context())
+    pod = op.build_pod_request_obj(make_context())
+    planted = k8s.V1Secret(
+        metadata=k8s.V1ObjectMeta(
+            name=lease_secret_ref(pod),
+            namespace="ml",  # owned by nobody: Kubernetes keeps it
+        ),
+        data={LEASE_SECRET_KEY: base64.b64encode(b"a-token-the-planter-knows").decode()},
+    )
+    api.secrets.append(planted)
+    with pytest.raises(
+        ForeignLeaseSecret, match=r"already exists in namespace ml, but it is not owned by pod"
+    ) as refused:
+        op.get_or_create_pod(pod, make_context())
+    assert "a-token-the-planter-knows" not in str(refused.value) and "YS10b2tlbi" not in str(refused.value)
+    assert api.pods == [], "the pod that would have read the planted Secret is gone"
+    assert api.secrets == [planted], "the planted Secret is left for whoever investigates"
 
 
 @pytest.mark.parametrize("path", ["pod fails", "keep_pod"])

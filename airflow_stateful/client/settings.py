@@ -80,7 +80,9 @@ def signer_from_env(env: Mapping[str, str]) -> HeadSigner | None:
             "pod's lease Secret provides it when the pod is started by StatefulKubernetesPodOperator"
         )
     required = (env.get("STATEFUL_REQUIRE_SIGNED_HEADS") or "").lower() == "true"
-    return HeadSigner(key=key.encode("utf-8"), key_id=key_id, required=required)
+    # The operator gives a pod the key of its own identity only (HeadSigner.for_identity), never the deployment's.
+    identity = env.get("STATEFUL_IDENTITY") or None
+    return HeadSigner(key=key.encode("utf-8"), key_id=key_id, required=required, identity=identity)
 
 
 @dataclass(frozen=True)

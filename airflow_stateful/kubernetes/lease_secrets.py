@@ -92,10 +92,12 @@ def api_message(exc: ApiException) -> str:
 def create_lease_secret(client: CoreV1Api, state: PodState, pod: k8s.V1Pod) -> None:
     """Create the Secret ``pod`` reads its lease token from, owned by ``pod``; keep it if it exists.
 
-    The Secret's name is a function of the lease (and is read from the pod itself), so an existing one
-    (409) holds this very token: a reattaching try, or a retried create, keeps using it. A pod rendered
-    without a lease Secret (by an earlier release, with the token as a literal) needs none. Any other
-    refusal is an AirflowException that names what the worker's service account lacks.
+    The Secret's name is a function of the lease (and is read from the pod itself), so the one that exists
+    (409) after a reattaching try or a retried create is this pod's own, with this very token. It is kept only
+    if it is exactly that (:func:`check_existing_secret`): a Secret created by someone else under that name
+    would hand the pod a token and key its creator knows, so the pod is not started. A pod rendered without a
+    lease Secret (with the token as a literal) needs none. Any other refusal is an AirflowException that names
+    what the worker's service account lacks.
     """
     name = lease_secret_ref(pod)
     if name is None:
@@ -111,9 +113,54 @@ def create_lease_secret(client: CoreV1Api, state: PodState, pod: k8s.V1Pod) -> N
                 f"{pod.metadata.namespace}: HTTP {exc.status} {api_message(exc)}; the worker's service "
                 "account needs create on secrets there (docs/kubernetes.md)"
             ) from None
+        check_existing_secret(client, body, pod)
         log.info("keeping the existing lease Secret %s of pod %s", name, pod.metadata.name)
     else:
         log.info("created the lease Secret %s, owned by pod %s", name, pod.metadata.name)
+
+
+class ForeignLeaseSecret(AirflowException):
+    """A Secret under the lease Secret's name that this pod's operator did not create."""
+
+
+def check_existing_secret(client: CoreV1Api, expected: k8s.V1Secret, pod: k8s.V1Pod) -> None:
+    """Raise unless the Secret named like ``expected`` is owned by ``pod`` (its uid) and holds exactly the data
+    ``expected`` holds (the lease token, and the identity's signing key if any). The message names the Secret
+    and what differs, never its data."""
+    meta = expected.metadata
+    try:
+        found = client.read_namespaced_secret(name=meta.name, namespace=meta.namespace)
+    except ApiException as exc:
+        raise AirflowException(
+            f"the lease Secret {meta.name} exists in namespace {meta.namespace} but could not be read to check "
+            f"it: HTTP {exc.status} {api_message(exc)}; the worker's service account needs get on secrets there"
+        ) from None
+    owners = (found.metadata.owner_references or []) if found.metadata else []
+    problems = []
+    if not any(o.kind == "Pod" and o.uid == pod.metadata.uid for o in owners):
+        problems.append(f"it is not owned by pod {pod.metadata.name} (uid {pod.metadata.uid})")
+    if (found.data or {}) != (expected.data or {}):
+        problems.append("it does not hold this lease's token and key")
+    if problems:
+        raise ForeignLeaseSecret(
+            f"a Secret named {meta.name} already exists in namespace {meta.namespace}, but {' and '.join(problems)}: "
+            "it was not created for this pod, whose token and key its creator would know. The pod is not "
+            "started; delete that Secret if it is stale, and find out who created it."
+        )
+
+
+def reattach_lease_secret(
+    client: CoreV1Api, state: PodState, pod: k8s.V1Pod, *, delete: Callable[[k8s.V1Pod], object]
+) -> None:
+    """The lease Secret of a pod a later try reattaches to. Normally it exists and is kept (409); if the worker
+    died between creating the pod and its Secret, the pod is still waiting for it: it is created now, from the
+    lease in the head. Someone else's Secret under that name means the pod must not run (on) with a token and
+    key they know: the pod is deleted and :class:`ForeignLeaseSecret` raised."""
+    try:
+        create_lease_secret(client, state, pod)
+    except ForeignLeaseSecret:
+        delete_pod_without_secret(pod, delete=delete)
+        raise
 
 
 def delete_pod_without_secret(pod: k8s.V1Pod, *, delete: Callable[[k8s.V1Pod], object]) -> None:

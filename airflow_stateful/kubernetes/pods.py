@@ -89,8 +89,9 @@ class PodState:
     """Only ``False`` reaches the pod (``STATEFUL_S3_VERIFY``); see :func:`pod_s3_fields`."""
     config_kwargs: Mapping[str, Any] | None = None
     head_signer: HeadSigner | None = None
-    """The deployment's head signing key, if any: its id and policy reach the pod as variables, the key itself
-    only through the pod's lease Secret (``STATEFUL_SIGNING_KEY``)."""
+    """The signer of this identity's heads, if the deployment signs: the key derived for this identity only
+    (:meth:`~airflow_stateful.core.records.integrity.HeadSigner.for_identity`), never the deployment's. Its id and
+    policy reach the pod as variables, the key only through the pod's lease Secret (``STATEFUL_SIGNING_KEY``)."""
 
     def labels(self) -> dict[str, str]:
         return {
@@ -190,7 +191,8 @@ def pod_state(
         lease_ttl=session.checkpoints.lease_ttl,
         schema_version=schema_version,
         **{**pod_s3_fields(s3_options), "endpoint_url": endpoint_url or s3_options.get("endpoint_url")},
-        head_signer=head_signer,
+        # A pod, and whoever can exec into it or read its Secret, gets this identity's key only.
+        head_signer=head_signer.for_identity(session.identity.key) if head_signer is not None else None,
     )
 
 

@@ -21,7 +21,7 @@ from airflow.providers.cncf.kubernetes.backcompat.backwards_compat_converters im
 from kubernetes.client import models as k8s
 
 from airflow_stateful.core.errors import InvalidValueError
-from airflow_stateful.kubernetes.pods import DOWNWARD_ENV, PodState
+from airflow_stateful.kubernetes.pods import DOWNWARD_ENV, LEASE_TOKEN_ENV, SIGNING_KEY_ENV, PodState
 from airflow_stateful.kubernetes.restore_cache import RestoreCache
 
 STATE_VOLUME = "stateful-state"
@@ -31,6 +31,8 @@ STATE_MODES = ("wrap", "sidecar", "init", "env")
 CLIENT_COMMAND = ("python", "-m", "airflow_stateful.client")
 #: Environment names that would put a credential into the pod spec as a literal value.
 SECRET_ENV_NAMES = frozenset({"AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"})
+CLIENT_SECRET_ENV = frozenset({LEASE_TOKEN_ENV, SIGNING_KEY_ENV})
+"""What only a container running the client may hold (from the lease Secret)."""
 #: KubernetesPodOperator's arguments that :func:`state_parts` changes: the fields of :class:`PodParts`.
 POD_ARGUMENTS = ("env_vars", "env_from", "volumes", "volume_mounts", "init_containers", "cmds", "arguments")
 
@@ -107,6 +109,10 @@ def state_parts(
     main_env = [e for e in stateful_env if not (e.name in DOWNWARD_ENV and e.name in users)]
     if mode != "sidecar":
         main_env += cache_env  # the main container runs the client itself
+    else:
+        # The unchanged job container runs no client: it gets neither the lease token (which would let it
+        # commit past the sidecar) nor the signing key. Only the restoring and saving containers hold them.
+        main_env = [e for e in main_env if e.name not in CLIENT_SECRET_ENV]
     ours = {e.name for e in main_env}
     secret_ref = (
         [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=credentials_secret))]

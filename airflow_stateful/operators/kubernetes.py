@@ -35,7 +35,11 @@ from airflow_stateful.core.records.code_identity import fingerprint_json
 from airflow_stateful.core.settings import RESTORE_CACHE_MAX_BYTES
 from airflow_stateful.hooks.state import StateHook
 from airflow_stateful.kubernetes.labels import EPOCH_LABEL, IDENTITY_LABEL, RUN_LABEL, identity_label
-from airflow_stateful.kubernetes.lease_secrets import create_lease_secret, delete_pod_without_secret
+from airflow_stateful.kubernetes.lease_secrets import (
+    create_lease_secret,
+    delete_pod_without_secret,
+    reattach_lease_secret,
+)
 from airflow_stateful.kubernetes.placement import node_to_prefer, prefer_node_in
 from airflow_stateful.kubernetes.pods import PodState, pod_state
 from airflow_stateful.kubernetes.reattach import adopt_lease, choose_pods, delete_stale_pods, find_pods
@@ -197,9 +201,7 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
         session = adopt_lease(checkpoints, pod, writer=writer, schema_version=self.schema_version)
         self.pod = self.pod_request_obj = pod  # KubernetesPodOperator then follows this pod
         state = self._attach(context, hook, session)
-        # Normally the pod's Secret exists and is kept (409); if the worker died between creating the pod and
-        # its Secret, the pod is still waiting for it: create it now, from the lease in the head.
-        self.create_lease_secret(pod)
+        reattach_lease_secret(self.client, state, pod, delete=self.pod_manager.delete_pod)
         return state
 
     # -- the pod ---------------------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ class HeadStore:
         backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self.store = store
-        self.signer = signer
+        # Every identity's heads are signed with a key of its own, derived from the deployment's.
+        self.signer = signer.for_identity(identity.key) if signer is not None else None
         self.identity = identity
         self.clock = clock
         self.backoff = backoff

@@ -6,6 +6,11 @@ so any secrets backend can hold it), every head this deployment writes also carr
 body, and every reader verifies it. Heads refer to their manifests by SHA-256, and manifests to their data,
 so a verified head vouches for the whole checkpoint.
 
+Every head is signed with a key of its own identity: ``HMAC-SHA256(deployment key, identity key)``
+(:meth:`HeadSigner.for_identity`). A worker holds the deployment key and derives the key of whichever identity
+it reads or writes; a Kubernetes pod is given only the derived key of the one identity it works on, so a key
+taken from a pod signs nothing for any other identity (and never reveals the deployment key).
+
 ``required`` decides what a reader does with a head that has no signature (written before signing was turned
 on, or by a writer without the key, or forged): refuse it, or accept it as before. A signature made with
 another key id is refused when required and accepted with a warning otherwise (a key rotation in progress).
@@ -26,6 +31,8 @@ log = logging.getLogger("airflow_stateful")
 
 SIGNATURE_FIELD = "signature"
 _KEY_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_DERIVATION = b"airflow-stateful head key v1\x00"
+"""What a derived key is the HMAC of, before the identity key: names the purpose and the scheme's version."""
 
 
 @dataclass(frozen=True)
@@ -35,11 +42,14 @@ class HeadSigner:
     :param key: the secret (at least 16 bytes); never shown in a repr, a log or an error.
     :param key_id: a public name for the key, stored beside each signature (rotation, diagnostics).
     :param required: refuse heads without a valid signature by this key.
+    :param identity: the identity key this key belongs to, when it is a derived key (a pod's); ``None`` for
+        the deployment key, from which every identity's key is derived.
     """
 
     key: bytes = field(repr=False)
     key_id: str
     required: bool = False
+    identity: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, bytes) or len(self.key) < 16:
@@ -50,6 +60,22 @@ class HeadSigner:
             raise ConfigurationError(
                 f"the head signing key id must be 1-64 letters, digits or . _ : -, not {self.key_id!r}"
             )
+
+    def for_identity(self, identity: str) -> HeadSigner:
+        """The signer of ``identity``'s heads: the key derived for it from the deployment key (hex text, so it
+        can travel through a Kubernetes Secret into an environment variable), or this signer if it already is
+        that identity's. A derived key cannot serve another identity: :class:`ConfigurationError`."""
+        if self.identity is not None:
+            if self.identity != identity:
+                raise ConfigurationError(
+                    f"this head signing key belongs to identity {self.identity!r} only; it cannot sign or verify "
+                    f"the heads of {identity!r}"
+                )
+            return self
+        derived = hmac.new(self.key, _DERIVATION + identity.encode("utf-8"), hashlib.sha256).hexdigest()
+        return HeadSigner(
+            key=derived.encode("ascii"), key_id=self.key_id, required=self.required, identity=identity
+        )
 
     def mac(self, payload: bytes) -> str:
         return hmac.new(self.key, payload, hashlib.sha256).hexdigest()
