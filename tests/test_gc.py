@@ -91,7 +91,7 @@ def _write(
 
 def _crash_garbage(store: ObjectStore, key: str) -> list[str]:
     commit = uuid.uuid4().hex
-    keys = [f"{key}/~data/{commit}/0", f"{key}/~manifests/000000000999-{commit}.json"]
+    keys = [f"{key}/~chunks/{commit * 2}", f"{key}/~manifests/000000000999-{commit}.json"]
     for k in keys:
         store.put(k, b"left by a crashed commit")
     return keys
