@@ -34,8 +34,11 @@ is *dead* (unrenewed past ttl + grace) is broken — inside a compare-and-swap t
 that same, still dead lease, so a renewal that lands first wins — before any object its holder wrote is
 deleted; its holder's next commit then fails with FencedError instead of pointing at missing data.
 
-Format 1's ``~data/`` objects are never collected as garbage or by retention; they go only with their whole
-identity (one whose head this version reads, which therefore references none of them) or with an orphan.
+**GC never deletes what it cannot see is unreferenced.** An identity whose head this version refuses with
+FormatVersionError (format 1, written by pre-release builds, or a newer release's format) is kept whole and
+reported (``skipped``, with the error), and the pass goes on with the rest of the store. Format 1's ``~data/``
+objects are never collected as garbage or by retention; they go only with their whole identity (one whose head
+this version reads, which therefore references none of them) or with an orphan.
 
 Two clocks: ``now`` (seconds since the epoch) judges head times (``updated_at``, lease expiry) and state
 document expiry, the writers' time domain; object ages (``min_age``) and the lease-acquisition cutoff are
@@ -149,7 +152,7 @@ def apply_gc(plan: GcPlan, *, progress: Progress | None = None) -> GcResult:
                     deleted = _delete_expired(store, item.reasons[EXPIRED], plan.now)
                 else:
                     deleted = _apply_identity(store, item, grace=plan.grace)
-            except (_Changed, LeaseHeldError) as exc:
+            except (_Changed, LeaseHeldError, FormatVersionError) as exc:  # its head is another format now
                 result.skipped[item.identity] = str(exc)
                 log.info("gc: skipped %s: %s", item.identity, exc)
             else:
