@@ -3,8 +3,8 @@
 
 Why a delimited listing: every object of an identity lives under ``<identity>/~`` (``~head.json``,
 ``~manifests/``, ``~trees/``, ``~chunks/``, and whatever other layouts put there), and ``~`` never occurs in an
-identity segment, so a listing with the delimiter ``/~`` rolls each identity up into one common prefix. One request
-lists 1,000 identities however many checkpoints and files each one holds (S3 accepts any string as a
+identity segment, so a listing with the delimiter ``/~`` rolls each identity up into one common prefix. One
+request lists 1,000 identities however many checkpoints and files each one holds (S3 accepts any string as a
 delimiter; so does moto).
 
 Why threads for the heads: a head is one small GET whose time is mostly the round trip, so reading a few at
