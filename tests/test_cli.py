@@ -232,9 +232,9 @@ def test_gc_dry_run_lists_exactly_what_the_real_run_deletes(
     capsys: pytest.CaptureFixture[str], backend: str, seeded: dict[str, object]
 ) -> None:
     wm: CheckpointStore = seeded["wm"]  # type: ignore[assignment]
-    garbage = f"{WATERMARK.key}/~data/deadbeef/0"
+    garbage = f"{WATERMARK.key}/~chunks/{'de' * 32}"
     wm.store.put(garbage, b"left by a crashed commit")
-    in_flight = f"{BATCH.key}/~data/cafe/0"
+    in_flight = f"{BATCH.key}/~chunks/{'ca' * 32}"
     wm.store.put(in_flight, b"uploaded by the live lease holder, not committed yet")
     before = {i.key for i in wm.store.list_objects("")}
     code, out, _ = cli(capsys, backend, "gc", "--min-age", "0s", "--dry-run", "--json")

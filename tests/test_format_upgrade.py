@@ -1,33 +1,43 @@
-"""Rolling upgrade across the checkpoint format change (format 1 -> format 2, docs/adr/0004).
+"""Checkpoint formats across releases: format 1 is refused, a newer format is refused (docs/formats.md).
 
-During a rolling upgrade old and new workers share a bucket. The promises:
+Format 1 (whole-file data objects under ``~data/``, docs/adr/0001) was written only by pre-release development
+builds, and this version no longer reads it. During a rolling upgrade, or in a bucket a development build wrote,
+old and new code share a store. The promises:
 
-* this release reads checkpoints the previous release wrote (values, files, history) and keeps them
-  restorable after it commits on top of them and cleans up;
-* the previous release, meeting a checkpoint this release wrote, refuses with a clear error (it never
-  misreads the new layout).
+* this release meeting a format-1 checkpoint refuses it loudly, with FormatVersionError naming format 1 and
+  what to do (its head, its history, a writer's lease, ``show``, ``cat --files``, ``verify``), and never as if
+  it had no files; nothing is written to the identity, and its GC keeps every object of it (it cannot see
+  which ``~data/`` objects the head references). The old build still reads and restores it afterwards;
+  deleted by hand, as the error says, the identity starts afresh in this release;
+* an older release, meeting a checkpoint in a format newer than it reads, refuses with a clear error (it
+  never misreads the new layout), and its GC deletes nothing.
 
-The package has not been published to the package index, so "the previous release" is the last commit of
-this repository that wrote format 1 (``OLD_RELEASE``), exported with ``git archive`` and run in its own
-interpreter with only that code on its path. Where the history is not there (a shallow clone, an sdist), the
-test skips and says so.
+The package has not been published to the package index, so "the old release" is a commit of this repository
+(``OLD_RELEASE``: the last that wrote format 1; ``FORMAT_2_RELEASE``: the last that read only formats 1 and 2),
+exported with ``git archive`` and run in its own interpreter with only that code on its path. Where the history
+is not there (a shallow clone, an sdist), the test skips and says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
 import tarfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from airflow_stateful.core import CheckpointStore, Identity
-from airflow_stateful.core.records.formats import PLAIN_FORMAT
+from airflow_stateful.core.errors import FormatVersionError
+from airflow_stateful.core.fleet.gc import apply_gc, collect_garbage, plan_gc
+from airflow_stateful.core.records.formats import HEAD_NAME, PLAIN_FORMAT
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 
@@ -125,56 +135,122 @@ def digest_tree(root: Path) -> dict[str, str]:
     }
 
 
-def check_upgrade(old_code: Path, store: ObjectStore, settings: dict[str, Any], work: Path) -> None:
+def snapshot(store: ObjectStore) -> dict[str, tuple[int, Any, str]]:
+    """Every object: its size, its stamp and the SHA-256 of its bytes (a rewrite with the same bytes shows too)."""
+    return {
+        info.key: (info.size, info.last_modified, hashlib.sha256(store.get(info.key).data).hexdigest())
+        for info in store.list_objects("")
+    }
+
+
+def assert_format_1_refused(error: BaseException | str) -> None:
+    message = str(error)
+    assert "format 1" in message and "pre-release development build" in message, message
+    assert f"{IDENTITY.key}/{HEAD_NAME}" in message and f"every object under '{IDENTITY.key}/'" in message, (
+        message
+    )
+
+
+def check_format_1_refused(
+    old_code: Path, store: ObjectStore, settings: dict[str, Any], work: Path, backend: str | None
+) -> None:
+    """The old release writes format 1; this release refuses every read of it, writes nothing, and its GC keeps
+    it whole. ``backend``: a URL the CLI can open too (``None``: the CLI is not run)."""
     assert run_old(old_code, "write", dict(settings), work) == {"ok": True}
+    before = snapshot(store)
+    assert any("/~data/" in key for key in before), (
+        f"the old release wrote format-1 data objects: {sorted(before)}"
+    )
 
-    # This release reads the old checkpoints: the value, the files, the history.
+    # Every way this release reads the identity refuses, naming format 1 and what to do.
     cs = CheckpointStore(store=store, identity=IDENTITY)
-    head = cs.head()
-    assert head is not None and head.format == 1
-    old_latest = cs.latest()
-    assert old_latest is not None and old_latest.value == {"step": 2, "by": "old"}
-    assert old_latest.tree is None and len(old_latest.files) == 2
-    cs.restore_files(old_latest, work / "new-restore-1")
-    assert digest_tree(work / "new-restore-1") == digest_tree(work / "old-src-2")
-    cs.verify(old_latest)  # reads every byte back and checks the recorded hashes; raises on a mismatch
+    reads = {
+        "head": cs.head,
+        "latest": cs.latest,
+        "history": cs.history,
+        "get": lambda: cs.get(1),
+        "a writer's lease": cs.acquire,
+        "a stolen lease": lambda: cs.acquire(steal=True),
+    }
+    for what, read in reads.items():
+        with pytest.raises(FormatVersionError) as raised:
+            read()
+        assert_format_1_refused(raised.value), what
+    if backend is not None:
+        from airflow_stateful.cli.main import main
 
-    # This release commits on top (format 2), dropping nothing the old checkpoints need; a sweep keeps
-    # every old checkpoint that is still kept restorable.
+        for argv in (
+            ["show", IDENTITY.key],
+            ["cat", IDENTITY.key, "--files", str(work / "cli-restore")],
+            ["verify", IDENTITY.key],
+        ):
+            code, err = run_cli(main, [*argv, "--backend", backend])
+            assert code == 1, (argv, code, err)
+            assert_format_1_refused(err)
+        assert not (work / "cli-restore").exists() or not any((work / "cli-restore").iterdir())
+
+    # Its GC keeps every object: a plan, an apply and a single identity's collection delete nothing.
+    plan = plan_gc(store, idle_for=timedelta(0), keep_last=1, min_age=timedelta(0), grace=0.0)
+    [item] = [p for p in plan.identities if p.identity == IDENTITY.key]
+    assert item.keys == [] and item.skipped and "kept whole" in item.skipped, item
+    assert_format_1_refused(item.skipped)
+    assert apply_gc(plan).deleted == []
+    report = collect_garbage(cs, min_age=timedelta(0), grace=0.0)
+    assert report.deleted == [] and report.skipped_reason and "format 1" in report.skipped_reason
+    assert snapshot(store) == before, "a refused read, a refused lease or GC changed the store"
+
+    # The old build still reads and restores its checkpoint (what the error advises), which nothing above
+    # harmed. Then, deleted by hand as the error says, the identity starts afresh in this release (format 2).
+    seen = run_old(old_code, "read", dict(settings), work)
+    assert seen == {"ok": True, "value": {"step": 2, "by": "old"}}, seen
+    assert digest_tree(work / "old-restore") == digest_tree(work / "old-src-2")
+    store.delete_many([info.key for info in store.list_objects(f"{IDENTITY.key}/")])
     lease = cs.acquire()
     src = work / "new-src"
     src.mkdir()
     (src / "weights.bin").write_bytes(b"\x07" * 500_000)
-    new = cs.commit(lease, {"step": 3, "by": "new"}, files=src)
-    cs.sweep(lease)
+    new = cs.commit(lease, {"step": 1, "by": "new"}, files=src)
+    cs.release(lease)
     head = cs.head()
     assert head is not None and head.format == PLAIN_FORMAT == 2
-    assert [e.seq for e in head.checkpoints][-3:] == [1, 2, 3]
-    cs.restore_files(cs.get(1), work / "new-restore-old-1")
-    assert digest_tree(work / "new-restore-old-1") == digest_tree(work / "old-src-1")
-    cs.restore_files(cs.get(2), work / "new-restore-old-2")
-    assert digest_tree(work / "new-restore-old-2") == digest_tree(work / "old-src-2")
-    cs.restore_files(new, work / "new-restore-3")
-    assert digest_tree(work / "new-restore-3") == digest_tree(src)
-    cs.release(lease)
+    cs.restore_files(new, work / "new-restore")
+    assert digest_tree(work / "new-restore") == digest_tree(src)
 
     # The old release meeting the new layout refuses, naming the format, instead of misreading it.
-    seen = run_old(old_code, "read", dict(settings), work)
+    after = work / "after"
+    after.mkdir()
+    seen = run_old(old_code, "read", dict(settings), after)
     assert seen["ok"] is False, f"the old release read a format-2 checkpoint: {seen}"
     assert seen["error"] == "FormatVersionError", seen
     assert "format 2" in seen["message"] and "newer" in seen["message"], seen["message"]
-    assert not (work / "old-restore").exists() or not any((work / "old-restore").iterdir())
+    assert not (after / "old-restore").exists() or not any((after / "old-restore").iterdir())
 
 
-def test_local_store_upgrade(old_code: Path, tmp_path: Path) -> None:
+def run_cli(main: Any, argv: list[str]) -> tuple[int, str]:
+    """The CLI's exit code and what it printed on stderr (where errors go)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    return code, err.getvalue()
+
+
+def test_local_store_format_1_is_refused(old_code: Path, tmp_path: Path) -> None:
     root = tmp_path / "state"
-    check_upgrade(old_code, LocalObjectStore(root=root), {"kind": "local", "root": str(root)}, tmp_path)
+    check_format_1_refused(
+        old_code,
+        LocalObjectStore(root=root),
+        {"kind": "local", "root": str(root)},
+        tmp_path,
+        backend=root.as_uri(),
+    )
 
 
 @pytest.mark.s3
-def test_s3_store_upgrade(old_code: Path, tmp_path: Path, s3_endpoint: Any, s3_prefix: str) -> None:
+def test_s3_store_format_1_is_refused(
+    old_code: Path, tmp_path: Path, s3_endpoint: Any, s3_prefix: str
+) -> None:
     settings = {"kind": "s3", "bucket": s3_endpoint.bucket, "prefix": s3_prefix, **s3_endpoint.options()}
-    check_upgrade(old_code, s3_endpoint.store(s3_prefix), settings, tmp_path)
+    check_format_1_refused(old_code, s3_endpoint.store(s3_prefix), settings, tmp_path, backend=None)
 
 
 FORMAT_2_RELEASE = "6618b0eaaaffdd567ead6046bb3716598306c8d0"

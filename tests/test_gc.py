@@ -91,7 +91,7 @@ def _write(
 
 def _crash_garbage(store: ObjectStore, key: str) -> list[str]:
     commit = uuid.uuid4().hex
-    keys = [f"{key}/~data/{commit}/0", f"{key}/~manifests/000000000999-{commit}.json"]
+    keys = [f"{key}/~chunks/{commit * 2}", f"{key}/~manifests/000000000999-{commit}.json"]
     for k in keys:
         store.put(k, b"left by a crashed commit")
     return keys
@@ -441,3 +441,73 @@ def test_an_unreadable_tree_of_a_released_identity_leaves_its_chunks_and_says_wh
         assert item.skipped and "its chunks are left alone" in item.skipped
         assert "live lease" not in item.skipped
         assert chunks and not chunks & set(item.keys)
+
+
+def _as_format_1(store: ObjectStore, identity: Identity, change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite ``identity``'s head the way a pre-release build left it (``change``), with a valid checksum,
+    and give it format-1 data objects (``~data/<commit>/<n>``) that only such a head references."""
+    from airflow_stateful.core.records.canonical import canonical_json, sha256_hex
+
+    key = f"{identity.key}/~head.json"
+    body = json.loads(store.get(key).data)
+    body.pop("checksum")
+    change(body)
+    body["checksum"] = sha256_hex(canonical_json(body))
+    store.put(key, canonical_json(body))
+    commit = body["checkpoints"][0]["commit_id"]
+    for n in range(2):
+        store.put(f"{identity.key}/~data/{commit}/{n}", b"a format-1 file")
+
+
+def test_gc_keeps_every_object_of_an_identity_whose_head_is_format_1_and_collects_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Format 1 is no longer read, so GC cannot see which ``~data/`` objects such a head references: the
+    identity is kept whole and reported, not deleted and not pruned, while the rest of the store is collected
+    as usual (a dry run and a real one, the CLI's report too). Stray ``~data/`` objects under a head this
+    version reads are never taken for garbage; they go only with their whole identity."""
+    store = store_from_url((tmp_path / "state").as_uri())
+    in_format_1 = _write(store, _ident("format1", 1), commits=3, clock=old_clock(40)).identity
+    _as_format_1(store, in_format_1, lambda b: b.update(format=1))
+    with_refs = _write(store, _ident("format1", 2), commits=3, clock=old_clock(40)).identity
+    _as_format_1(
+        store, with_refs, lambda b: b["checkpoints"][0].update(data_refs=[b["checkpoints"][0]["commit_id"]])
+    )
+    plain = _write(store, _ident("plain", 1), commits=3, clock=time.time).identity
+    garbage = _crash_garbage(store, plain.key)
+    stray = f"{plain.key}/~data/{'0' * 32}/0"
+    store.put(stray, b"left by a pre-release build")
+    refused = {
+        in_format_1.key: all_keys_under(store, in_format_1.key),
+        with_refs.key: all_keys_under(store, with_refs.key),
+    }
+
+    plan = plan_gc(store, idle_for=IDLE_FOR, keep_last=1, min_age=timedelta(0))
+    by_id = {p.identity: p for p in plan.identities}
+    for key in refused:
+        assert by_id[key].reasons == {} and by_id[key].skipped, by_id[key]
+        assert "format 1" in by_id[key].skipped and "kept whole" in by_id[key].skipped
+    assert set(garbage) <= set(by_id[plain.key].reasons[GARBAGE]) and stray not in by_id[plain.key].keys
+    deleted = set(apply_gc(plan).deleted)
+    assert set(garbage) <= deleted and not deleted & {k for keys in refused.values() for k in keys}
+    assert stray in all_keys(store), "a ~data/ object is never garbage on its own"
+    for key, keys in refused.items():
+        assert all_keys_under(store, key) == keys, "nothing of a refused identity is deleted"
+
+    # The CLI says so, row by row, and deletes nothing of them either.
+    code, out, _ = cli(
+        capsys, store.url, "gc", "--min-age", "0s", "--keep-last", "1", "--json", "--airflow", "no"
+    )
+    rows = {r["identity"]: r for r in json.loads(out)}
+    assert code == 0
+    for key, keys in refused.items():
+        assert rows[key]["action"].startswith("skipped: kept whole") and rows[key]["objects"] == 0
+        assert all_keys_under(store, key) == keys
+
+    # Deleted whole (idle), an identity this version reads takes its stray ~data/ objects with it.
+    idle = plan_gc(store, idle_for=timedelta(0), keep_failed_for=None, min_age=timedelta(0))
+    assert stray in {k for p in idle.identities for k in p.reasons.get(IDLE, [])}
+    apply_gc(idle)
+    assert all_keys_under(store, plain.key) == set()
+    for key, keys in refused.items():
+        assert all_keys_under(store, key) == keys

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from airflow_stateful.core.errors import ConfigurationError, IdentityError
-from airflow_stateful.core.records.formats import DATA_DIR, HEAD_NAME, MANIFEST_DIR
+from airflow_stateful.core.records.formats import HEAD_NAME, MANIFEST_DIR
 from airflow_stateful.core.records.identity import MAX_KEY_BYTES, MAX_SEGMENT_BYTES, Identity
+from airflow_stateful.core.records.trees import CHUNK_DIR, TREE_DIR
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.stores.registry import store_from_url
 from airflow_stateful.core.stores.s3 import S3ObjectStore
@@ -134,9 +135,10 @@ def test_run_ids_that_differ_only_in_reserved_characters_do_not_collide() -> Non
 
 
 def test_identity_cannot_land_inside_another_identitys_private_folders() -> None:
-    # Our object names start with "~", so no identity segment may: "etl/~data" as an identity would
-    # read and delete the checkpoint files of the identity "etl".
-    for private in (HEAD_NAME, MANIFEST_DIR, DATA_DIR):
+    # Our object names start with "~", so no identity segment may: "etl/~chunks" as an identity would
+    # read and delete the checkpoint files of the identity "etl" (and "etl/~data" its format-1 files, which
+    # buckets written by pre-release builds still hold).
+    for private in (HEAD_NAME, MANIFEST_DIR, TREE_DIR, CHUNK_DIR, "~data"):
         assert private.startswith("~")
         for key in (f"etl/{private}", f"etl/{private}/x"):
             with pytest.raises(IdentityError, match="~"):

@@ -105,13 +105,14 @@ def test_without_renewals_gc_breaks_the_dead_lease_and_the_late_save_is_fenced(
     cs = checkpoints(store)
     lease = cs.acquire()
     cs.commit(lease, {"epoch": 0}, files=tree(tmp_path / "e0", {"w": b"weights"}))
-    store.put(f"{IDENTITY.key}/~data/cafe/0", b"an upload of this writer that never got committed")
+    upload = f"{IDENTITY.key}/~chunks/{'ca' * 32}"
+    store.put(upload, b"an upload of this writer that never got committed")
     with GcLoop(store, keep_last=1, grace=GRACE) as gc:
         time.sleep(TTL + GRACE + 1.5)
     assert gc.deletion_errors() == []
     with pytest.raises(FencedError, match="broken"):
         cs.commit(lease, {"epoch": 1})
-    assert f"{IDENTITY.key}/~data/cafe/0" not in keys(store), "a dead holder's uploads are garbage"
+    assert upload not in keys(store), "a dead holder's uploads are garbage"
     assert cs.latest().value == {"epoch": 0}  # type: ignore[union-attr]
 
 
@@ -305,7 +306,7 @@ def test_gc_racing_commits_never_deletes_what_a_committed_checkpoint_references(
                 checkpoints(store, lease_ttl=0.3).acquire(
                     holder=WriterInfo(try_number=try_number), steal=True
                 )
-                store.put(f"{IDENTITY.key}/~data/dead{n:04d}/0", b"uploaded by a killed try")
+                store.put(f"{IDENTITY.key}/~chunks/{n:064x}", b"uploaded by a killed try")
                 time.sleep(0.6)
                 continue
             with WriterSession(
@@ -318,7 +319,7 @@ def test_gc_racing_commits_never_deletes_what_a_committed_checkpoint_references(
                 missing = missing_references(store, IDENTITY)
                 if missing:
                     problems.append(f"round {n}: {missing}")
-                if manifest.files:
+                if manifest.has_files:
                     checkpoints(store).restore_files(manifest, tmp_path / f"out{n}")
     assert gc.passes > 20 and gc.applied > 0, "GC really ran and deleted things meanwhile"
     assert problems == [] and gc.deletion_errors() == []

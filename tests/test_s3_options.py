@@ -113,7 +113,7 @@ def full_cycle(store: S3ObjectStore, tmp: Path) -> dict[str, str]:
     restored = cs.restore_files(cs.latest() or second, tmp / "out")  # whole gets and ranged gets
     assert sorted(p.name for p in restored) == ["big.bin", "small.txt"]
     assert (tmp / "out" / "nested" / "big.bin").read_bytes() == (files / "nested" / "big.bin").read_bytes()
-    orphan = f"{identity.key}/~data/crashed-commit/0"
+    orphan = f"{identity.key}/~chunks/{'cc' * 32}"
     store.put(orphan, b"left behind by a crashed writer", if_none_match=True)
     cs.release(lease)
     gc = collect_garbage(cs, min_age=datetime.timedelta(0), grace=0)
@@ -130,7 +130,7 @@ def full_cycle(store: S3ObjectStore, tmp: Path) -> dict[str, str]:
 
     # A second upload to an existing key: its completion loses (412), the object's ETag is checked
     # (HeadObject: not ours) and the upload is aborted.
-    duplicate = f"{identity.key}/~data/duplicate"
+    duplicate = f"{identity.key}/~chunks/{'dd' * 32}"
     store.upload_file(duplicate, files / "nested" / "big.bin")
     other = tmp / "other.bin"
     other.write_bytes(os.urandom(6 * MIB))
@@ -173,7 +173,7 @@ def test_every_object_written_carries_the_configured_encryption(
         )
         for o in page.get("Contents", [])
     ]
-    kinds = {"head.json": 0, "~manifests/": 0, "~trees/": 0, "~chunks/": 0, "~data/": 0, "~task-state/": 0}
+    kinds = {"head.json": 0, "~manifests/": 0, "~trees/": 0, "~chunks/": 0, "~task-state/": 0}
     for key in keys:
         head = client.head_object(Bucket=moto.bucket, Key=key)
         assert head.get("ServerSideEncryption") == options["server_side_encryption"], key
@@ -181,7 +181,7 @@ def test_every_object_written_carries_the_configured_encryption(
         for marker in kinds:
             kinds[marker] += marker in key
     assert all(kinds.values()), (
-        f"heads, manifests, trees, chunks, data files and state documents were all checked: {kinds}"
+        f"heads, manifests, trees, chunks and state documents were all checked: {kinds}"
     )
     multipart = [k for k in keys if client.head_object(Bucket=moto.bucket, Key=k)["ETag"].endswith('-3"')]
     assert multipart, "a multipart object was among them"

@@ -20,7 +20,12 @@ from maintenance import BALLAST, rewrite_latest_tree
 from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo
-from airflow_stateful.core.errors import CheckpointCorruptError, InvalidValueError, ObjectTooLargeError
+from airflow_stateful.core.errors import (
+    CheckpointCorruptError,
+    FormatVersionError,
+    InvalidValueError,
+    ObjectTooLargeError,
+)
 from airflow_stateful.core.protocol.state_documents import (
     MAX_VALUE_BYTES,
     KeyValueStore,
@@ -92,7 +97,7 @@ CRAFTED = {
         _set("checkpoints.0.manifest", f"{OTHER.key}/~manifests/000000000001-{'a' * 32}.json"),
         "'manifest'",
     ),
-    "data ref escapes": (_set("checkpoints.0.data_refs", ["../../payroll"]), "'data_refs'"),
+    "data_refs is not a list": (_set("checkpoints.0.data_refs", "../../payroll"), "'data_refs'"),
     "lease token is markup": (_set("lease.token", "<img src=x onerror=alert(1)>"), "'token'"),
     "lease holder is huge": (_set("lease.holder.host", "h" * 5000), "'host'"),
     "lease time is not a time": (_set("lease.expires_at", "tomorrow"), "'expires_at'"),
@@ -120,6 +125,91 @@ def test_a_crafted_head_with_a_valid_checksum_is_refused_field_by_field(
     with pytest.raises(CheckpointCorruptError):
         CheckpointStore(store=store, identity=IDENTITY).acquire(steal=True)
     assert store.get(HEAD).data == data
+
+
+# -- format 1, no longer read ---------------------------------------------------------------------------------
+# Pre-release builds wrote format 1 (whole-file objects under ~data/, named by the manifest's `files` and the head
+# entry's `data_refs`). Read as if it had no files, such a record would lose them, and GC would collect them: so
+# each shape is refused with FormatVersionError naming the record, and a writer does not write over it.
+FORMAT_1_DATA = f"{IDENTITY.key}/~data/{'c' * 32}/0"
+FORMAT_1_FILE = {"path": "a.txt", "key": FORMAT_1_DATA, "size": 1, "sha256": "a" * 64}
+
+
+def _without_tree(body: dict[str, Any]) -> None:
+    del body["checkpoints"][0]["tree"]
+
+
+FORMAT_1_HEADS = {
+    "head in format 1": _set("format", 1),
+    "entry with data_refs": _set("checkpoints.0.data_refs", ["c" * 32]),
+    "entry with files but no tree": _without_tree,
+}
+
+
+@pytest.mark.parametrize("case", list(FORMAT_1_HEADS), ids=list(FORMAT_1_HEADS))
+def test_a_format_1_head_is_refused_loudly_and_left_as_it_is(
+    store: ObjectStore, tmp_path: Path, case: str
+) -> None:
+    body = seed(store, tmp_path)
+    FORMAT_1_HEADS[case](body)
+    data = write_head(store, body)
+    store.put(FORMAT_1_DATA, b"a")
+    for read in (
+        lambda cs: cs.head(),
+        lambda cs: cs.latest(),
+        lambda cs: cs.history(),
+        lambda cs: cs.acquire(steal=True),
+    ):
+        with pytest.raises(FormatVersionError) as raised:
+            read(CheckpointStore(store=store, identity=IDENTITY))
+        message = str(raised.value)
+        assert HEAD in message and "format 1" in message and "pre-release development build" in message, (
+            message
+        )
+        assert f"every object under '{IDENTITY.key}/'" in message, "it says what to do"
+    assert store.get(HEAD).data == data and store.get(FORMAT_1_DATA).data == b"a"
+
+
+def _rewrite_manifest(
+    store: ObjectStore, body: dict[str, Any], change: Callable[[dict[str, Any]], None]
+) -> str:
+    """Change the manifest object of the head's checkpoint 0 and record its new size and SHA-256 in the head."""
+    entry = body["checkpoints"][0]
+    manifest = json.loads(store.get(entry["manifest"]).data)
+    change(manifest)
+    raw = canonical_json(manifest)
+    store.put(entry["manifest"], raw)
+    entry.update(manifest_sha256=sha256_hex(raw), manifest_size=len(raw))
+    write_head(store, body)
+    return str(entry["manifest"])
+
+
+def test_a_format_1_manifest_or_one_listing_format_1_files_is_refused(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    body = seed(store, tmp_path)
+    for change in (
+        lambda m: m.update(format=1),
+        lambda m: m.update(files=[dict(FORMAT_1_FILE)]),
+    ):
+        key = _rewrite_manifest(store, body, change)
+        with pytest.raises(FormatVersionError, match="format 1") as raised:
+            CheckpointStore(store=store, identity=IDENTITY).latest()
+        assert key in str(raised.value) and "pre-release development build" in str(raised.value)
+    # Inline in the head (a small checkpoint) the same: refused with the head.
+    inline = {"n": 2}
+    cs = CheckpointStore(store=store, identity=OTHER)
+    lease = cs.acquire()
+    cs.commit(lease, inline, files=tmp_path / "f")
+    other_head = f"{OTHER.key}/{HEAD_NAME}"
+    raw = json.loads(store.get(other_head).data)
+    assert raw["checkpoints"][0]["inline"]["value"] == inline
+    raw["checkpoints"][0]["inline"]["files"] = [dict(FORMAT_1_FILE, key=f"{OTHER.key}/~data/{'c' * 32}/0")]
+    raw.pop("checksum")
+    raw["checksum"] = sha256_hex(canonical_json(raw))
+    store.put(other_head, canonical_json(raw))
+    with pytest.raises(FormatVersionError, match=r"inline manifest lists its files in format 1"):
+        cs.head()
 
 
 def test_a_tree_naming_a_chunk_outside_its_identity_is_refused(store: ObjectStore, tmp_path: Path) -> None:

@@ -595,14 +595,14 @@ class CheckpointStoreContract:
 
     def test_gc_never_robs_a_held_lease_and_keeps_young_objects(self, store: ObjectStore) -> None:
         """Garbage from before the lease goes at once; what the holder wrote stays until its lease is dead."""
-        earlier = f"{IDENTITY.key}/~data/0ld0ld/0"
+        earlier = f"{IDENTITY.key}/~chunks/{'0d' * 32}"
         store.put(earlier, b"left by a try that crashed before this lease was taken")
         time.sleep(2.2)  # the store stamps objects by the second on some endpoints: let the grace (1 s) pass
         clock = FakeClock()  # the real time now; moved by hand from here on
         cs = make(store, clock=clock)
         lease = cs.acquire()
         cs.commit(lease, {"v": 1})
-        uploaded = f"{IDENTITY.key}/~data/deadbeef/0"
+        uploaded = f"{IDENTITY.key}/~chunks/{'de' * 32}"
         store.put(uploaded, b"an upload of the holder, not committed yet")
 
         live = collect_garbage(cs, min_age=timedelta(0), grace=1)

@@ -102,7 +102,7 @@ class ContentStore:
 
     # -- trees -----------------------------------------------------------------------------------------------
     def tree(self, manifest: Manifest) -> Tree | None:
-        """The file tree of a format-2 checkpoint, verified against its recorded SHA-256 (``None``: format 1)."""
+        """The file tree of a checkpoint, verified against its recorded SHA-256 (``None``: it has no files)."""
         return self.tree_of(manifest.tree) if manifest.tree is not None else None
 
     def tree_of(self, ref: TreeRef) -> Tree:
@@ -256,11 +256,10 @@ class ContentStore:
         self.store.put(key, raw, if_none_match=True)
 
     def files(self, manifest: Manifest) -> list[StoredFileInfo]:
-        """The files of a checkpoint, whatever its format: path, size and the objects holding its bytes."""
+        """The files of a checkpoint (its tree's): path, size and the chunks holding its bytes."""
         tree = self.tree(manifest)
-        if tree is not None:
-            return [StoredFileInfo(f.path, f.size, tuple(c.key for c in f.chunks)) for f in tree.files]
-        return [StoredFileInfo(f.path, f.size, (f.key,)) for f in manifest.files]
+        files = tree.files if tree is not None else ()
+        return [StoredFileInfo(f.path, f.size, tuple(c.key for c in f.chunks)) for f in files]
 
     # -- outputs ---------------------------------------------------------------------------------------------
     def stage_output(
@@ -446,7 +445,7 @@ class ContentStore:
         return restore_files(self, manifest, dest, mode=mode, cache=cache)
 
     def verify(self, manifest: Manifest) -> None:
-        """Read back every byte of a checkpoint and check every hash (chunks, or format-1 files); raise
+        """Read back every byte of a checkpoint and check every hash (its tree's chunks); raise
         CheckpointCorruptError naming the first bad object. Nothing is kept."""
         with tempfile.TemporaryDirectory(prefix="stateful-verify-") as scratch:
             self.restore_files(manifest, scratch)

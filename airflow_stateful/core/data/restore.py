@@ -1,9 +1,9 @@
 """Restoring a checkpoint's files: verified, in parallel, all or nothing.
 
 Every file is assembled in a staging directory inside the destination (same filesystem, so the final moves
-are renames): format-2 files chunk by chunk, each chunk checked against its SHA-256 and size; format-1 files
-object by object through the store's verifying download. Only when every file of the checkpoint is complete
-and verified are they moved into place; on any error the destination is left exactly as it was.
+are renames), chunk by chunk, each chunk checked against its SHA-256 and size. Only when every file of the
+checkpoint is complete and verified are they moved into place; on any error the destination is left exactly as
+it was.
 
 What the destination already holds is handled by the restore's mode (:mod:`airflow_stateful.core.data.restore_modes`):
 in mode ``"exact"`` what the checkpoint does not have is moved aside within the same journaled swap, so a kill
@@ -36,7 +36,6 @@ from airflow_stateful.core.data.restore_modes import (
 )
 from airflow_stateful.core.data.transfer import download_files
 from airflow_stateful.core.data.transfer_progress import TransferProgress
-from airflow_stateful.core.errors import CheckpointCorruptError, ObjectNotFoundError
 from airflow_stateful.core.records.formats import manifest_key
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.manifests import Manifest
@@ -92,22 +91,20 @@ def restore_files(
     mode = check_mode(mode)
     dest = Path(dest)
     prepare(dest, mode)  # before the tree is read: mode "empty" refuses before anything is downloaded
-    if not manifest.has_files:
+    # A checkpoint's files are its tree (a manifest listing format-1 files is refused when it is read).
+    tree = checkpoints.tree(manifest) if manifest.has_files else None
+    if tree is None:
         return RestoreResult(dest=dest, mode=mode, seq=manifest.seq, untouched=True)
-    where = manifest_key(checkpoints.identity.key, manifest.seq, manifest.commit_id)
-    tree = checkpoints.tree(manifest)
-    if tree is not None:
-        return restore_tree_files(
-            checkpoints,
-            list(tree.files),
-            dest,
-            where=where,
-            label=str(checkpoints.identity),
-            seq=manifest.seq,
-            mode=mode,
-            cache=cache,
-        )
-    return _restore_legacy(checkpoints, manifest, dest, where=where, mode=mode)
+    return restore_tree_files(
+        checkpoints,
+        list(tree.files),
+        dest,
+        where=manifest_key(checkpoints.identity.key, manifest.seq, manifest.commit_id),
+        label=str(checkpoints.identity),
+        seq=manifest.seq,
+        mode=mode,
+        cache=cache,
+    )
 
 
 def prepare(dest: Path, mode: str) -> None:
@@ -117,37 +114,6 @@ def prepare(dest: Path, mode: str) -> None:
         recover_interrupted(dest)
     if mode == EMPTY:
         refuse_unless_empty(dest)
-
-
-def _restore_legacy(
-    checkpoints: Restorable, manifest: Manifest, dest: Path, *, where: str, mode: str
-) -> RestoreResult:
-    """Format 1: whole-file objects, each through the store's verifying download."""
-    identity = checkpoints.identity
-
-    def fetch(rels: list[PurePosixPath], incoming: Path, progress: TransferProgress | None) -> None:
-        for rel, entry in zip(rels, manifest.files, strict=True):
-            try:
-                checkpoints.store.download_file(
-                    entry.key, incoming / rel, size=entry.size, sha256=entry.sha256, progress=progress
-                )
-            except ObjectNotFoundError as exc:
-                raise CheckpointCorruptError(
-                    f"file {entry.path!r} of checkpoint {manifest.seq} of {identity} is missing: {exc}. "
-                    "Nothing was restored."
-                ) from exc
-
-    return _restore(
-        checkpoints,
-        dest,
-        [f.path for f in manifest.files],
-        manifest.total_size,
-        fetch,
-        where=where,
-        label=str(identity),
-        seq=manifest.seq,
-        mode=mode,
-    )
 
 
 def restore_tree_files(

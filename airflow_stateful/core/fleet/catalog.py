@@ -2,9 +2,9 @@
 ``verify --all``, GC's plan, the UI) are built on, so that they cost what the fleet is, not what it stores.
 
 Why a delimited listing: every object of an identity lives under ``<identity>/~`` (``~head.json``,
-``~manifests/``, ``~data/``, and whatever later layouts add there), and ``~`` never occurs in an identity
-segment, so a listing with the delimiter ``/~`` rolls each identity up into one common prefix. One request
-lists 1,000 identities however many checkpoints and files each one holds (S3 accepts any string as a
+``~manifests/``, ``~trees/``, ``~chunks/``, and whatever other layouts put there), and ``~`` never occurs in an
+identity segment, so a listing with the delimiter ``/~`` rolls each identity up into one common prefix. One
+request lists 1,000 identities however many checkpoints and files each one holds (S3 accepts any string as a
 delimiter; so does moto).
 
 Why threads for the heads: a head is one small GET whose time is mostly the round trip, so reading a few at

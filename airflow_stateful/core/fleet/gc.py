@@ -18,7 +18,8 @@ policies of :mod:`airflow_stateful.core.protocol.retention`:
     more than ``keep_last`` checkpoints are kept: the oldest are dropped from the head by compare-and-swap,
     then their manifests and the data no kept checkpoint refers to.
 ``crash-garbage``
-    objects under ``~manifests/`` and ``~data/`` the head does not reference, older than ``min_age``.
+    objects under ``~manifests/``, ``~trees/`` and ``~chunks/`` the head does not reference, older than
+    ``min_age``.
 ``orphan``
     objects of an identity folder with no head at all, older than ``min_age`` (a purge that crashed half-way).
 ``expired-state``
@@ -32,6 +33,12 @@ garbage written before the holder took the lease, which no commit of the holder 
 is *dead* (unrenewed past ttl + grace) is broken — inside a compare-and-swap that re-checks it is still
 that same, still dead lease, so a renewal that lands first wins — before any object its holder wrote is
 deleted; its holder's next commit then fails with FencedError instead of pointing at missing data.
+
+**GC never deletes what it cannot see is unreferenced.** An identity whose head this version refuses with
+FormatVersionError (format 1, written by pre-release builds, or a newer release's format) is kept whole and
+reported (``skipped``, with the error), and the pass goes on with the rest of the store. Format 1's ``~data/``
+objects are never collected as garbage or by retention; they go only with their whole identity (one whose head
+this version reads, which therefore references none of them) or with an orphan.
 
 Two clocks: ``now`` (seconds since the epoch) judges head times (``updated_at``, lease expiry) and state
 document expiry, the writers' time domain; object ages (``min_age``) and the lease-acquisition cutoff are
@@ -146,7 +153,7 @@ def apply_gc(plan: GcPlan, *, progress: Progress | None = None) -> GcResult:
                     deleted = _delete_expired(store, item.reasons[EXPIRED], plan.now)
                 else:
                     deleted = _apply_identity(store, item, grace=plan.grace, signer=plan.signer)
-            except (_Changed, LeaseHeldError) as exc:
+            except (_Changed, LeaseHeldError, FormatVersionError) as exc:  # its head is another format now
                 result.skipped[item.identity] = str(exc)
                 log.info("gc: skipped %s: %s", item.identity, exc)
             else:

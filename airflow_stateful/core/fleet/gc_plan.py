@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow_stateful.core.errors import (
-    StatefulError,
-)
+from airflow_stateful.core.errors import FormatVersionError, StatefulError
 from airflow_stateful.core.fleet import lifetimes
 from airflow_stateful.core.fleet.catalog import HEAD_READERS, ordered_map
 from airflow_stateful.core.fleet.lifetimes import Lifetimes, RunStates, Verdict, lifetime_of
@@ -31,7 +29,7 @@ from airflow_stateful.core.protocol.retention import (
     unreferenced,
 )
 from airflow_stateful.core.protocol.state_documents import collect_expired
-from airflow_stateful.core.records.formats import DATA_DIR, HEAD_NAME, MANIFEST_DIR
+from airflow_stateful.core.records.formats import HEAD_NAME, MANIFEST_DIR
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
@@ -45,6 +43,14 @@ IDLE, RETENTION, GARBAGE, ORPHAN, EXPIRED = "idle", "retention", "crash-garbage"
 RELEASED = lifetimes.RELEASED
 WHOLE = (IDLE, RELEASED)
 """Reasons that delete a whole identity, head first."""
+FORMAT_1_DATA_DIR = "~data"
+"""Where format 1 (pre-release builds, no longer read) kept whole-file objects. Listed with their identity, so
+that ``du`` counts what the store bills and an identity deleted whole (or an orphan) goes with them; never
+collected on their own (:func:`~airflow_stateful.core.protocol.retention.unreferenced` passes them over). An
+identity whose head still references them is refused (FormatVersionError) and kept whole (:func:`plan_identity`).
+"""
+IDENTITY_DIRS = (MANIFEST_DIR, TREE_DIR, CHUNK_DIR, FORMAT_1_DATA_DIR)
+"""The folders of an identity that GC lists (beside its head)."""
 EXPIRED_STATE = "~state-store"
 """The pseudo-identity under which expired task/asset state documents are reported."""
 DEFAULT_MIN_AGE = GC_MIN_AGE
@@ -61,7 +67,7 @@ class IdentityPlan:
     """Keys to delete, by reason (``idle``, ``retention``, ``crash-garbage``, ``orphan``, ``expired-state``)."""
     bytes: int = 0
     skipped: str | None = None
-    """What is left alone and why (a held lease)."""
+    """What is left alone and why (a held lease, a head this version cannot read)."""
     head: HeadRecord | None = None
     keep: tuple[str, ...] = ()
     """For ``retention``: commit ids of the checkpoints the head keeps."""
@@ -145,7 +151,9 @@ class GcPlan:
 def group_by_identity(store: ObjectStore, prefix: str = "") -> dict[str, list[ObjectInfo]]:
     """One listing of the store, grouped by identity key; the library's ``~...`` top folders are left out.
 
-    ``~`` cannot occur in an identity segment, so the first ``/~`` of a key ends its identity.
+    ``~`` cannot occur in an identity segment, so the first ``/~`` of a key ends its identity. Only the head and
+    the folders of :data:`IDENTITY_DIRS` count: anything else under ``<identity>/~`` is never listed, so never
+    deleted.
     """
     groups: dict[str, list[ObjectInfo]] = {}
     for info in store.list_objects(prefix):
@@ -154,7 +162,7 @@ def group_by_identity(store: ObjectStore, prefix: str = "") -> dict[str, list[Ob
             continue
         key = info.key[:cut]
         rest = info.key[cut + 1 :]
-        if rest != HEAD_NAME and rest.partition("/")[0] not in (MANIFEST_DIR, DATA_DIR, TREE_DIR, CHUNK_DIR):
+        if rest != HEAD_NAME and rest.partition("/")[0] not in IDENTITY_DIRS:
             continue
         try:
             Identity.parse(key)
@@ -185,7 +193,15 @@ def plan_identity(
     item = IdentityPlan(identity=key, objects={i.key: i for i in infos})
     identity = Identity.parse(key)
     cs = CheckpointStore(store=store, identity=identity, signer=signer)
-    head = cs.head() if cs.heads.key in item.objects else None
+    try:
+        head = cs.head() if cs.heads.key in item.objects else None
+    except FormatVersionError as exc:
+        # Format 1 (a pre-release build's) or a newer release's: what its checkpoints reference cannot be seen,
+        # so nothing of the identity may go. It is kept whole, and the report says why; the rest of the store
+        # is collected as usual.
+        log.warning("gc: %s is kept whole: %s", key, exc)
+        item.skipped = f"kept whole, its head is in a format this version does not read: {exc}"
+        return item
     item.head = head
     cutoff = datetime.now(tz=timezone.utc) - garbage.min_age
     if head is None:

@@ -63,7 +63,7 @@ from airflow_stateful.core.records.formats import (
 from airflow_stateful.core.records.heads import HeadRecord, PinRecord
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
-from airflow_stateful.core.records.manifests import FileEntry, Manifest
+from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.records.outcomes import TryOutcome
 from airflow_stateful.core.records.outputs import (
     StagedOutput,
@@ -301,9 +301,8 @@ class CheckpointStore(CheckpointReader):
         started = time.monotonic()
         seq, commit_id = head.next_seq, uuid.uuid4().hex
         tree_ref: TreeRef | None = None
-        legacy_files: tuple[FileEntry, ...] = ()
         if files is None and keep_files_from is not None:
-            tree_ref, legacy_files = keep_files_from.tree, keep_files_from.files
+            tree_ref = keep_files_from.tree
         elif local_files:
             tree_ref = self.content.upload_tree(local_files, commit_id, previous or keep_files_from, check)
         created_at = utcnow_iso(self.clock())
@@ -321,7 +320,6 @@ class CheckpointStore(CheckpointReader):
             writer=writer,
             value=stored_value,
             value_codec=value_codec,
-            files=legacy_files,
             library_version=__version__,
             extra=dict(extra or {}),
             tree=tree_ref,

@@ -30,7 +30,7 @@ from airflow_stateful.core.protocol.heads import HeadStore
 from airflow_stateful.core.protocol.lease import Lease, check_holder, renewed
 from airflow_stateful.core.protocol.retention import RetentionPolicy
 from airflow_stateful.core.records.canonical import canonical_json, sha256_hex
-from airflow_stateful.core.records.formats import data_commit_of, manifest_key
+from airflow_stateful.core.records.formats import manifest_key
 from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.manifests import Manifest
@@ -73,7 +73,6 @@ def entry_for(cs: Committing, manifest: Manifest, head: HeadRecord) -> Checkpoin
         epoch=manifest.epoch,
         total_size=manifest.total_size,
         file_count=manifest.file_count,
-        data_refs=tuple(sorted({data_commit_of(f.key) for f in manifest.files})),
         tree=manifest.tree,
         # A copy made of the stored bytes: the caller's value object must never alias the head's record.
         inline=json.loads(raw) if inline else None,
@@ -100,7 +99,7 @@ def advance_head(
             )
         kept = [replace(e, pinned=None) if e.commit_id in unpin else e for e in current.checkpoints]
         keep, drop = cs.retention.split([*kept, entry])
-        freed[:] = [e for e in drop if e.manifest or e.tree or e.data_refs or e.outputs_tree]
+        freed[:] = [e for e in drop if e.manifest or e.tree or e.outputs_tree]
         advanced = current.evolve(next_seq=seq + 1, checkpoints=tuple(keep))
         return renewed(advanced.evolve(format=advanced.written_format), now=cs.clock(), ttl=cs.lease_ttl)
 

@@ -142,11 +142,11 @@ class CheckpointReader:
         return self.content.read_manifest(entry)
 
     def files(self, manifest: Manifest) -> list[StoredFileInfo]:
-        """The files of a checkpoint, whatever its format: path, size and the objects holding its bytes."""
+        """The files of a checkpoint (its tree's): path, size and the chunks holding its bytes."""
         return self.content.files(manifest)
 
     def tree(self, manifest: Manifest) -> Tree | None:
-        """The file tree of a format-2 checkpoint, verified against its recorded SHA-256 (``None``: format 1)."""
+        """The file tree of a checkpoint, verified against its recorded SHA-256 (``None``: it has no files)."""
         return self.content.tree(manifest)
 
     def restore_files(
@@ -171,7 +171,7 @@ class CheckpointReader:
         return self.content.restore_files(manifest, dest, mode=mode, cache=cache)
 
     def verify(self, manifest: Manifest) -> None:
-        """Read back every byte of a checkpoint and check every hash (chunks, or format-1 files); raise
+        """Read back every byte of a checkpoint and check every hash (its tree's chunks); raise
         CheckpointCorruptError naming the first bad object. Nothing is kept."""
         self.content.verify(manifest)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
-from airflow_stateful.core.records.formats import DATA_DIR, MANIFEST_DIR, MAX_KEPT
+from airflow_stateful.core.records.formats import MANIFEST_DIR, MAX_KEPT
 from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
 from airflow_stateful.core.records.trees import CHUNK_DIR, TREE_DIR, Tree, TreeRef
 from airflow_stateful.core.settings import GC_MIN_AGE, LEASE_GRACE
@@ -79,14 +79,13 @@ class IdleFor:
 
 @dataclass(frozen=True)
 class References:
-    """Every object the checkpoints a head keeps need: manifests, trees, chunks, and format-1 data folders.
+    """Every object the checkpoints a head keeps need: manifests, trees and chunks.
 
     ``chunks_known`` is False when the trees were not read (a caller without store access): then no chunk
     counts as unreferenced, so nothing a kept checkpoint needs can be mistaken for garbage.
     """
 
     keys: frozenset[str] = frozenset()
-    data_commits: frozenset[str] = frozenset()
     chunks_known: bool = True
 
 
@@ -105,7 +104,6 @@ def references(head: HeadRecord | None, *, trees: Callable[[TreeRef], Tree] | No
                     keys.update(trees(tree).chunk_keys())
     return References(
         keys=frozenset(keys),
-        data_commits=frozenset(ref for e in head.checkpoints for ref in e.data_refs),
         chunks_known=trees is not None or not any(e.tree or e.outputs_tree for e in head.checkpoints),
     )
 
@@ -113,8 +111,10 @@ def references(head: HeadRecord | None, *, trees: Callable[[TreeRef], Tree] | No
 def unreferenced(
     identity_key: str, infos: Iterable[ObjectInfo], head: HeadRecord | None, *, refs: References | None = None
 ) -> list[ObjectInfo]:
-    """The objects of ``infos`` in ``identity_key``'s own folders (manifests, trees, chunks, data) that no kept
-    checkpoint references. The head itself and nested identities' objects never qualify.
+    """The objects of ``infos`` in ``identity_key``'s own folders (manifests, trees, chunks) that no kept
+    checkpoint references. The head itself and nested identities' objects never qualify, and neither does
+    anything else: format 1's ``~data/`` objects in particular, whose references only a format-1 record could
+    show (this version refuses those, docs/formats.md), so they are never taken for garbage.
 
     :param refs: the references, trees read (:func:`references` with ``trees``); default: from the head alone,
         which leaves every chunk alone.
@@ -123,11 +123,9 @@ def unreferenced(
     found = []
     for info in infos:
         rest = info.key[len(identity_key) + 1 :]
-        top, _, tail = rest.partition("/")
-        if (
-            (top in (MANIFEST_DIR, TREE_DIR) and info.key not in refs.keys)
-            or (top == CHUNK_DIR and refs.chunks_known and info.key not in refs.keys)
-            or (top == DATA_DIR and tail.partition("/")[0] not in refs.data_commits)
+        top = rest.partition("/")[0]
+        if (top in (MANIFEST_DIR, TREE_DIR) and info.key not in refs.keys) or (
+            top == CHUNK_DIR and refs.chunks_known and info.key not in refs.keys
         ):
             found.append(info)
     return found

@@ -1,7 +1,9 @@
 """Format versions, limits and object names: what every record of the commit protocol agrees on.
 
 Records carry ``format`` (this library's on-disk format version, docs/formats.md). A reader refuses a newer
-format with a clear error instead of guessing, so an old worker never misreads state written by new code.
+format with a clear error instead of guessing, so an old worker never misreads state written by new code. It
+refuses format 1 too (whole-file data objects, written only by pre-release development builds): this version no
+longer reads it, and reading such a record as if it had no files would lose them silently.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ hold it, so a writer that never publishes or pins stays readable by the releases
 reads less refuses a newer record instead of collecting objects it cannot see are referenced, or dropping a pin
 when it rewrites the head."""
 PLAIN_FORMAT = 2
-"""The format of a head or manifest without outputs or pins."""
+"""The format of a head or manifest without outputs or pins, and the oldest format this library reads."""
+DROPPED_FORMAT = 1
+"""Whole-file data objects under ``<identity>/~data/<commit_id>/`` listed in the manifest: written only by
+pre-release development builds, refused by this one (:func:`format_1_refused`)."""
 OUTPUTS_FORMAT = 3
 """The format of a head or manifest that carries outputs (and of a head with outputs but no pins)."""
 PINS_FORMAT = 4
@@ -44,21 +49,34 @@ CODEC_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,15}$")
 
 HEAD_NAME = "~head.json"
 MANIFEST_DIR = "~manifests"
-DATA_DIR = "~data"
 # `~` cannot occur in an identity segment, so these names can never collide with a nested identity.
 
 
-def data_commit_of(key: str) -> str:
-    """The commit id in a data object key ``<identity>/~data/<commit_id>/<n>``."""
-    return key.split(f"/{DATA_DIR}/", 1)[1].split("/", 1)[0]
+def format_1_refused(
+    what: str, *, identity: str, how: str = "is in format 1 (files as whole-file objects under '~data/')"
+) -> FormatVersionError:
+    """The error for a record (or the part of one, ``how``) written in format 1: loud, because this version
+    cannot see which ``~data/`` objects it references, so reading it as a checkpoint without files would drop
+    them; and saying what to do, because no later release will read it either."""
+    return FormatVersionError(
+        f"{what} {how}: it was written by a pre-release development build of airflow-provider-stateful, and "
+        f"this version no longer reads format {DROPPED_FORMAT} (it reads formats {PLAIN_FORMAT} to "
+        f"{FORMAT_VERSION}). Nothing was read from it or written to it, and this version's `airflow-stateful gc` "
+        f"keeps it whole. To keep its state, restore it with that build (`airflow-stateful cat {identity} --files "
+        f"DEST`); then, or if it is not needed, delete the identity: with that build's `airflow-stateful gc`, or "
+        f"by hand (every object under '{identity}/')."
+    )
 
 
-def check_format(record: dict[str, Any], *, what: str) -> None:
+def check_format(record: dict[str, Any], *, what: str, identity: str) -> None:
+    """Refuse a record this version cannot read: no valid format (corrupt), format 1 (dropped) or a newer one."""
     fmt = record.get("format")
     if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
         raise CheckpointCorruptError(
             f"{what} has no valid 'format' field; it was not written by this library."
         )
+    if fmt < PLAIN_FORMAT:
+        raise format_1_refused(what, identity=identity)
     if fmt > FORMAT_VERSION:
         raise FormatVersionError(
             f"{what} uses format {fmt}, newer than the {FORMAT_VERSION} this version of "

@@ -23,6 +23,7 @@ from airflow_stateful.core.records.formats import (
     PINS_FORMAT,
     PLAIN_FORMAT,
     check_format,
+    format_1_refused,
     manifest_key,
 )
 from airflow_stateful.core.records.integrity import SIGNATURE_FIELD, HeadSigner
@@ -129,9 +130,10 @@ class CheckpointEntry:
 
     A small manifest rides *inline* in the entry (``inline``: its body, protected by the head's own checksum and
     signature), so a small commit is one conditional write of the head; a larger one is an object
-    (``manifest``, with its SHA-256 and size). ``tree`` names the content-addressed file tree (format 2);
-    ``data_refs`` the commit folders of format-1 file data. ``outputs_tree`` names the tree of the outputs
-    committed so far (format 3), so that GC, reading only heads, keeps their chunks.
+    (``manifest``, with its SHA-256 and size). ``tree`` names the content-addressed file tree (format 2;
+    ``None``: no files). ``outputs_tree`` names the tree of the outputs committed so far (format 3), so that GC,
+    reading only heads, keeps their chunks. An entry whose files are format-1 data objects (``data_refs``, or
+    files without a tree) is refused when read: GC could not see what it references.
     """
 
     seq: int
@@ -144,8 +146,6 @@ class CheckpointEntry:
     epoch: int
     total_size: int
     file_count: int
-    #: commit ids whose ``~data/<commit_id>/`` objects this checkpoint's (format-1) files live in.
-    data_refs: tuple[str, ...] = ()
     tree: TreeRef | None = None
     inline: dict[str, Any] | None = None
     outputs_tree: TreeRef | None = None
@@ -161,7 +161,6 @@ class CheckpointEntry:
             "epoch": self.epoch,
             "total_size": self.total_size,
             "file_count": self.file_count,
-            "data_refs": list(self.data_refs),
         }
         if self.inline is not None:
             body["inline"] = self.inline
@@ -181,16 +180,26 @@ class CheckpointEntry:
     def from_json(cls, data: Any, *, identity: str, what: str = "checkpoint entry") -> CheckpointEntry:
         """Typed, and bound to ``identity``: a manifest key is exactly the one this entry's seq and commit id
         name inside that identity, and a tree is named by its content inside it, so a crafted head cannot point
-        a reader at another identity's objects."""
+        a reader at another identity's objects. Format-1 files raise FormatVersionError (see the class)."""
         f = Fields(data, what=what)
         seq, commit_id = f.integer("seq", minimum=1), f.hex32("commit_id")
         file_count = f.integer("file_count", maximum=MAX_FILES)
         tree_body = f.optional_mapping("tree")
         tree = TreeRef.from_json(tree_body, identity=identity, what=f"{what} tree") if tree_body else None
-        default_refs = [commit_id] if file_count and tree is None else []
-        refs = f.items("data_refs", max_items=MAX_KEPT + 1, default=default_refs)
-        for ref in refs:
-            Fields({"data_refs": ref}, what=what).hex32("data_refs")
+        # ``data_refs`` named the ``~data/<commit_id>/`` folders of format-1 files (written empty by the format-2
+        # releases that still read format 1; absent since). Files without a tree were format 1 as well.
+        if f.items("data_refs", max_items=MAX_KEPT + 1, default=[]):
+            raise format_1_refused(
+                what,
+                identity=identity,
+                how="keeps its files in format 1 ('data_refs': whole-file objects under '~data/')",
+            )
+        if file_count and tree is None:
+            raise format_1_refused(
+                what,
+                identity=identity,
+                how=f"lists {file_count} file(s) without a tree: format-1 whole-file objects under '~data/'",
+            )
         outputs_body = f.optional_mapping("outputs_tree")
         outputs_tree = (
             TreeRef.from_json(outputs_body, identity=identity, what=f"{what} outputs tree")
@@ -225,7 +234,6 @@ class CheckpointEntry:
             epoch=f.integer("epoch"),
             total_size=f.integer("total_size"),
             file_count=file_count,
-            data_refs=tuple(refs),
             tree=tree,
             inline=inline,
             outputs_tree=outputs_tree,
@@ -303,7 +311,8 @@ class HeadRecord:
             raise CheckpointCorruptError(
                 f"{what} is not valid JSON ({exc}); the identity's state is unreadable."
             ) from exc
-        check_format(body, what=what)
+        identity = key[: -len(HEAD_NAME) - 1] if key.endswith(f"/{HEAD_NAME}") else key
+        check_format(body, what=what, identity=identity)
         checksum = body.pop("checksum", None)
         try:
             intact = checksum == sha256_hex(canonical_json(body))
@@ -317,7 +326,6 @@ class HeadRecord:
         signature = body.pop(SIGNATURE_FIELD, None)
         if signer is not None:
             signer.verify(signature, canonical_json(body), what=what)
-        identity = key[: -len(HEAD_NAME) - 1] if key.endswith(f"/{HEAD_NAME}") else key
         f = Fields(body, what=what)
         f.equal("identity", identity)
         lease = f.optional_mapping("lease")
@@ -333,7 +341,7 @@ class HeadRecord:
                 for n, c in enumerate(entries)
             ),
             updated_at=f.time("updated_at", default=""),
-            format=f.integer("format", minimum=1),
+            format=f.integer("format", minimum=PLAIN_FORMAT),
             outcome=TryOutcome.from_json(outcome, what=f"{what} outcome") if outcome is not None else None,
         )
         if head.lease is not None and head.lease.epoch != head.epoch:

@@ -3,9 +3,10 @@
 An identity is a ``/``-separated key such as ``etl/enrich/run=manual__2026-11-30T08%3A00%3A00%2B00%3A00/map=-1``.
 Every object of the job lives under ``<backend prefix>/<identity>/``, so the identity must never be able
 to escape that prefix or land inside another identity's private folders. See docs/adr/0002-identity-scheme.md.
-Names starting with ``~`` are reserved for the library: ``~head.json``, ``~manifests/`` and ``~data/`` inside an
-identity, and ``~task-state/`` / ``~asset-state/`` (the task state store backend) at the backend's root; no
-identity segment may contain ``~``, so none can collide with them (tools listing identities skip them).
+Names starting with ``~`` are reserved for the library: ``~head.json``, ``~manifests/``, ``~trees/`` and
+``~chunks/`` inside an identity (and ``~data/``, format 1's, no longer read), and ``~task-state/`` /
+``~asset-state/`` (the task state store backend) at the backend's root; no identity segment may contain ``~``,
+so none can collide with them (tools listing identities skip them).
 
 Tasks get their identity from ``(dag_id, task_id, scope, map_index)``: the scope is the run_id for state that
 belongs to one DAG run, or a user-chosen name for state that lives across runs. Never ``ti.id`` or the try

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_stateful.core.errors import CheckpointCorruptError
@@ -13,50 +12,23 @@ from airflow_stateful.core.records.code_identity import CodeIdentity
 from airflow_stateful.core.records.fields import Fields
 from airflow_stateful.core.records.formats import (
     CODEC_NAME,
-    DATA_DIR,
     MANIFEST_DIR,
     PLAIN_FORMAT,
     check_format,
+    format_1_refused,
 )
 from airflow_stateful.core.records.outputs import OutputRecord, outputs_from_json
-from airflow_stateful.core.records.trees import MAX_FILES, MAX_PATH, TreeRef
+from airflow_stateful.core.records.trees import MAX_FILES, TreeRef
 from airflow_stateful.core.records.writer import WriterInfo
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One file of a checkpoint: its path relative to the saved directory and its immutable object."""
-
-    path: str
-    key: str
-    size: int
-    sha256: str
-
-    @classmethod
-    def from_json(cls, data: Any, *, identity: str, what: str = "file entry") -> FileEntry:
-        """Typed; ``key`` must be a data object of ``identity`` (``<identity>/~data/<commit_id>/<n>``)."""
-        f = Fields(data, what=what)
-        key = f.text("key", max_len=2048)
-        if not re.fullmatch(re.escape(f"{identity}/{DATA_DIR}/") + r"[0-9a-f]{32}/(0|[1-9][0-9]{0,6})", key):
-            raise CheckpointCorruptError(
-                f"{what}: key {key[:200]!r} is not a data object of identity {identity!r}; a checkpoint may only "
-                "name its own identity's data"
-            )
-        return cls(
-            path=f.text("path", max_len=MAX_PATH),
-            key=key,
-            size=f.integer("size"),
-            sha256=f.sha256("sha256"),
-        )
 
 
 @dataclass(frozen=True)
 class Manifest:
     """Everything about one checkpoint except the file bytes. Immutable once written.
 
-    Its files are either a content-addressed ``tree`` (format 2: read with
-    :meth:`~airflow_stateful.core.protocol.checkpoint_store.CheckpointStore.tree`) or, in checkpoints written by format 1
-    (or keeping such a checkpoint's files), the list ``files`` of whole-file data objects.
+    Its files are a content-addressed ``tree`` (read with
+    :meth:`~airflow_stateful.core.protocol.checkpoint_store.CheckpointStore.tree`; ``None``: no files). Format 1's
+    list ``files`` of whole-file data objects is refused when read (:func:`~.formats.format_1_refused`).
     """
 
     identity: str
@@ -67,7 +39,6 @@ class Manifest:
     created_at: str
     writer: WriterInfo
     value: Any
-    files: tuple[FileEntry, ...] = ()
     value_codec: str = "json"
     library_version: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -81,11 +52,11 @@ class Manifest:
 
     @property
     def total_size(self) -> int:
-        return self.tree.total_size if self.tree else sum(f.size for f in self.files)
+        return self.tree.total_size if self.tree else 0
 
     @property
     def file_count(self) -> int:
-        return self.tree.file_count if self.tree else len(self.files)
+        return self.tree.file_count if self.tree else 0
 
     @property
     def has_files(self) -> bool:
@@ -104,7 +75,6 @@ class Manifest:
             "writer": self.writer.to_json(),
             "value_codec": self.value_codec,
             "value": self.value,
-            "files": [asdict(f) for f in self.files],
             "total_size": self.total_size,
             "extra": self.extra,
         }
@@ -132,13 +102,20 @@ class Manifest:
 
     @classmethod
     def from_json(cls, body: Any, *, identity: str, what: str) -> Manifest:
-        """Every field typed; its files (a tree, or format-1 data objects) must be objects of ``identity``."""
+        """Every field typed; its tree must be an object of ``identity``. A format-1 manifest, or one that lists
+        format-1 files (a format-2 checkpoint that kept an older one's files), raises FormatVersionError."""
         if not isinstance(body, dict):
             raise CheckpointCorruptError(f"{what} is not a JSON object")
-        check_format(body, what=what)
+        check_format(body, what=what, identity=identity)
         f = Fields(body, what=what)
         f.equal("identity", identity)
-        files = f.items("files", max_items=MAX_FILES, default=[])
+        # Written empty by the format-2 releases that still read format 1; absent since.
+        if f.items("files", max_items=MAX_FILES, default=[]):
+            raise format_1_refused(
+                what,
+                identity=identity,
+                how="lists its files in format 1 ('files': whole-file objects under '~data/')",
+            )
         tree = f.optional_mapping("tree")
         outputs_tree = f.optional_mapping("outputs_tree")
         code = f.optional_mapping("code")
@@ -156,14 +133,10 @@ class Manifest:
             created_at=f.time("created_at"),
             writer=WriterInfo.from_json(f.optional_mapping("writer"), what=f"{what} writer"),
             value=body.get("value"),
-            files=tuple(
-                FileEntry.from_json(entry, identity=identity, what=f"{what} file {n}")
-                for n, entry in enumerate(files)
-            ),
             value_codec=f.text("value_codec", max_len=16, default="json", pattern=CODEC_NAME),
             library_version=f.text("library_version", max_len=64, default=""),
             extra=f.mapping("extra", default={}),
-            format=f.integer("format", minimum=1),
+            format=f.integer("format", minimum=PLAIN_FORMAT),
             tree=TreeRef.from_json(tree, identity=identity, what=f"{what} tree")
             if tree is not None
             else None,

@@ -23,7 +23,8 @@ from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.plugins.view.rows import Bounds
 
 MANIFEST_MAX_BYTES = 1024 * 1024
-"""A manifest object larger than this is not read by the view (format-1 checkpoints list every file in it)."""
+"""A manifest object larger than this is not read by the view (its value is that large: one page must not
+download it, however many identities it shows)."""
 MAX_MANIFESTS = 200
 """Manifest objects one request reads at most; inline manifests ride in their head and cost nothing."""
 MANIFEST_READERS = 4
