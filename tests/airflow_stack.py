@@ -143,15 +143,29 @@ class Stack:
         return "\n".join(parts)
 
 
+class ApiError(Exception):
+    """Airflow's REST API answered with an error; the message holds its body (what went wrong, server-side)."""
+
+
 def rest_request(api: str, method: str, path: str, body: Any = None) -> Any:
     """One call of Airflow's REST API at ``api`` (``http://127.0.0.1:PORT/api/v2``), JSON both ways; no login
     (the stacks run with ``simple_auth_manager_all_admins`` on loopback)."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        api + path, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=10) as response:
-        return json.loads(response.read() or b"null")
+    for attempt in range(1, 4):
+        req = urllib.request.Request(
+            api + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:2000].decode("utf-8", "replace")
+            # SQLite under the scheduler's writes on a loaded machine: Airflow answers 500 and does not retry.
+            if exc.code == 500 and "database is locked" in detail and attempt < 3:
+                time.sleep(attempt)
+                continue
+            raise ApiError(f"{method} {path}: HTTP {exc.code} {exc.reason}: {detail}") from exc
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def tail(path: Path, lines: int) -> str:
