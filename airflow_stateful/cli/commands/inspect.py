@@ -133,7 +133,7 @@ def cmd_cat(args: argparse.Namespace, store: ObjectStore) -> int:
         print(json.dumps(manifest.value, indent=2, default=str))
         return EXIT_OK
     with _mode_hint():
-        restored = cs.restore_files(manifest, args.files, mode=args.mode)
+        restored = cs.restore_files(manifest, args.files, mode=args.mode, shared_dest=args.shared_dest)
     if args.json:
         print(json.dumps({"value": manifest.value, "restore": restored.to_json()}, indent=2, default=str))
     else:
@@ -192,7 +192,9 @@ def _get_output(
         )
     dest = Path(args.to)
     with _mode_hint():
-        written = cs.restore_output(name, dest, manifest=manifest, mode=args.mode)
+        written = cs.restore_output(
+            name, dest, manifest=manifest, mode=args.mode, shared_dest=args.shared_dest
+        )
     print(written.describe(), file=sys.stderr)
     target = dest / name
     if info.kind == "directory":

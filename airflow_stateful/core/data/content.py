@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from airflow_stateful.core.data.destinations import check_destination
 from airflow_stateful.core.data.file_index import FileIndex
 from airflow_stateful.core.data.files import LocalFile, check_restore_directory, collect_files
 from airflow_stateful.core.data.restore import ChunkCache, restore_files, restore_tree_files
@@ -391,6 +392,7 @@ class ContentStore:
         manifest: Manifest,
         mode: str = EXACT,
         cache: ChunkCache | None = None,
+        shared_dest: bool = False,
     ) -> RestoreResult:
         """Download output ``name`` of ``manifest`` to ``dest/<name>``, every chunk verified, all or nothing.
 
@@ -409,9 +411,9 @@ class ContentStore:
         if record is not None and record.kind == "directory":
             # Restored into its own path, so the mode's check and exact's clean-up apply there and only there.
             check_restore_directory(target)
-            restore_prepare(
-                target, mode
-            )  # before the outputs tree is read: "empty" refuses before any download
+            check_destination(Path(dest), shared_dest=shared_dest)
+            # Before the outputs tree is read: "empty" refuses before any download.
+            restore_prepare(target, mode, shared_dest=shared_dest)
             files = self.output_files(manifest, name)
             return restore_tree_files(
                 self,
@@ -423,26 +425,42 @@ class ContentStore:
                 mode=mode,
                 what=what,
                 cache=cache,
+                shared_dest=shared_dest,
             )
         # A single file: "empty" refuses an existing one; otherwise it is replaced and nothing else in dest is
         # touched (a merge of one file is exactly that).
-        restore_prepare(Path(dest), MERGE)
+        restore_prepare(Path(dest), MERGE, shared_dest=shared_dest)
         if mode == EMPTY:
             refuse_unless_empty(target)
         files = self.output_files(manifest, name)
         placed = [TreeFile(path=name, size=f.size, chunks=f.chunks) for f in files]
         result = restore_tree_files(
-            self, placed, dest, where=label, label=label, seq=manifest.seq, mode=MERGE, what=what, cache=cache
+            self,
+            placed,
+            dest,
+            where=label,
+            label=label,
+            seq=manifest.seq,
+            mode=MERGE,
+            what=what,
+            cache=cache,
+            shared_dest=shared_dest,
         )
         return replace(result, mode=mode, dest=target)
 
     # -- restores ----------------------------------------------------------------------------------------------
     def restore_files(
-        self, manifest: Manifest, dest: str | Path, *, mode: str = EXACT, cache: ChunkCache | None = None
+        self,
+        manifest: Manifest,
+        dest: str | Path,
+        *,
+        mode: str = EXACT,
+        cache: ChunkCache | None = None,
+        shared_dest: bool = False,
     ) -> RestoreResult:
         """Download a checkpoint's files into directory ``dest``, verified, all or nothing; what it did
         (:meth:`~airflow_stateful.core.protocol.checkpoint_store.CheckpointStore.restore_files` says how)."""
-        return restore_files(self, manifest, dest, mode=mode, cache=cache)
+        return restore_files(self, manifest, dest, mode=mode, cache=cache, shared_dest=shared_dest)
 
     def verify(self, manifest: Manifest) -> None:
         """Read back every byte of a checkpoint and check every hash (its tree's chunks); raise

@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from airflow_stateful.core import events
+from airflow_stateful.core.data.destinations import check_destination, first_link, trusted_staging
 from airflow_stateful.core.data.files import check_distinct_paths, check_restore_targets, safe_relative
 from airflow_stateful.core.data.restore_modes import (
     EMPTY,
@@ -36,6 +37,7 @@ from airflow_stateful.core.data.restore_modes import (
 )
 from airflow_stateful.core.data.transfer import download_files
 from airflow_stateful.core.data.transfer_progress import TransferProgress
+from airflow_stateful.core.errors import InvalidValueError
 from airflow_stateful.core.records.formats import manifest_key
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.manifests import Manifest
@@ -83,14 +85,17 @@ def restore_files(
     *,
     mode: str = EXACT,
     cache: ChunkCache | None = None,
+    shared_dest: bool = False,
 ) -> RestoreResult:
     """Download ``manifest``'s files into directory ``dest``, verified, all or nothing, in restore ``mode``.
 
     A checkpoint that carries no files (value only) leaves ``dest`` as it is in every mode: exact never empties
-    a directory because of a checkpoint that did not save one."""
+    a directory because of a checkpoint that did not save one. ``shared_dest``: see :func:`prepare`."""
     mode = check_mode(mode)
     dest = Path(dest)
-    prepare(dest, mode)  # before the tree is read: mode "empty" refuses before anything is downloaded
+    prepare(
+        dest, mode, shared_dest=shared_dest
+    )  # before the tree is read: mode "empty" refuses before anything is downloaded
     # A checkpoint's files are its tree (a manifest listing format-1 files is refused when it is read).
     tree = checkpoints.tree(manifest) if manifest.has_files else None
     if tree is None:
@@ -104,12 +109,16 @@ def restore_files(
         seq=manifest.seq,
         mode=mode,
         cache=cache,
+        shared_dest=shared_dest,
     )
 
 
-def prepare(dest: Path, mode: str) -> None:
-    """What a restore checks before it reads anything: an interrupted restore into ``dest`` is undone first
-    (its rollback may bring files back), then mode ``"empty"`` refuses a destination that is not empty."""
+def prepare(dest: Path, mode: str, *, shared_dest: bool = False) -> None:
+    """What a restore checks before it reads anything: that ``dest`` is this user's and nobody else may write
+    it (:func:`~airflow_stateful.core.data.destinations.check_destination`; ``shared_dest=True`` says the caller
+    shares it knowingly), then an interrupted restore into ``dest`` is undone (its rollback may bring files
+    back), then mode ``"empty"`` refuses a destination that is not empty."""
+    check_destination(dest, shared_dest=shared_dest)
     if dest.is_dir():
         recover_interrupted(dest)
     if mode == EMPTY:
@@ -127,6 +136,7 @@ def restore_tree_files(
     mode: str = EXACT,
     what: str = "checkpoint",
     cache: ChunkCache | None = None,
+    shared_dest: bool = False,
 ) -> RestoreResult:
     """Download ``files`` (tree entries: relative path, size, chunks) into ``dest``, verified, all or nothing.
 
@@ -155,6 +165,7 @@ def restore_tree_files(
         seq=seq,
         mode=check_mode(mode),
         what=what,
+        shared_dest=shared_dest,
     )
 
 
@@ -170,13 +181,14 @@ def _restore(
     seq: int,
     mode: str,
     what: str = "checkpoint",
+    shared_dest: bool = False,
 ) -> RestoreResult:
     """What every restore does around its downloads: undo an interrupted restore into ``dest``, apply the mode's
     check, check the paths, let ``fetch`` download and verify every file into a staging directory, then swap
     them in all or nothing (in mode ``"exact"`` moving out what the checkpoint does not have), and report the
     restore. ``fetch(rels, incoming, progress)`` writes each ``incoming / rel``."""
     started = time.monotonic()
-    prepare(dest, mode)
+    prepare(dest, mode, shared_dest=shared_dest)
     dest.mkdir(parents=True, exist_ok=True)
     rels = [safe_relative(path, manifest_key=where) for path in paths]
     check_distinct_paths(rels, manifest_key=where)
@@ -188,6 +200,7 @@ def _restore(
         )
     staging = dest / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
     try:
+        staging.mkdir(mode=0o700)  # this user's alone: a later recovery trusts nothing else
         fetch(rels, staging / "new", progress)
         restored, removed, replaced = _swap_in(dest, staging, rels, exact=mode == EXACT)
     finally:
@@ -249,7 +262,7 @@ def _swap_in(
         "created": created,
         "removed": [str(rel) for rel in aside],
     }
-    staging.mkdir(exist_ok=True)  # a checkpoint without files downloaded nothing into it
+    staging.mkdir(mode=0o700, exist_ok=True)  # a checkpoint without files downloaded nothing into it
     with open(staging / _JOURNAL, "w", encoding="utf-8") as out:
         json.dump(journal, out)
         out.flush()
@@ -290,6 +303,7 @@ def _roll_back(dest: Path, staging: Path, journal: dict[str, Any]) -> None:
     existed = journal.get("existed")
     for n, name in reversed(list(enumerate(journal["files"]))):
         rel = safe_relative(name, manifest_key="restore journal")
+        _refuse_links(dest, rel, staging)
         target, aside, incoming = dest / rel, staging / "old" / rel, staging / "new" / rel
         was_there = existed[n] if isinstance(existed, list) and n < len(existed) else True
         if aside.exists() or aside.is_symlink():
@@ -297,15 +311,28 @@ def _roll_back(dest: Path, staging: Path, journal: dict[str, Any]) -> None:
         elif not was_there and not incoming.exists() and (target.exists() or target.is_symlink()):
             target.unlink()  # moved in by the restore, where nothing was before
     for name in reversed(journal["created"]):
+        rel = safe_relative(name, manifest_key="restore journal")
+        _refuse_links(dest, rel, staging)
         with contextlib.suppress(OSError):
-            (dest / safe_relative(name, manifest_key="restore journal")).rmdir()  # only if empty
+            (dest / rel).rmdir()  # only if empty
     removed = journal.get("removed")
     for n, name in reversed(list(enumerate(removed if isinstance(removed, list) else []))):
         gone = staging / "gone" / str(n)
         extra = _inside(name)
         if extra is not None and (gone.exists() or gone.is_symlink()):
+            _refuse_links(dest, extra, staging)
             (dest / extra).parent.mkdir(parents=True, exist_ok=True)
             gone.replace(dest / extra)  # what exact moved out comes back
+
+
+def _refuse_links(dest: Path, rel: PurePosixPath, staging: Path) -> None:
+    link = first_link(dest, rel)
+    if link is not None:
+        raise InvalidValueError(
+            f"{str(link)!r} is a symbolic link inside {str(dest)!r}: an interrupted restore is never undone "
+            f"through links (that would act outside the destination). Nothing more was undone; what that restore "
+            f"moved aside is still in {str(staging)!r}. Remove the link, then restore again"
+        )
 
 
 def _inside(name: Any) -> PurePosixPath | None:
@@ -331,6 +358,12 @@ def recover_interrupted(dest: str | Path) -> bool:
         return False
     for staging in dest.glob(f"{STAGING_PREFIX}*"):
         if not staging.is_dir() or staging.is_symlink():
+            continue
+        distrust = trusted_staging(staging)
+        if distrust is not None:
+            # Not this user's own restore (planted, or another user's): acting on it could replace files
+            # anywhere the journal names. It is left exactly as it is.
+            log.warning("%s: not an interrupted restore of this user's (%s); left alone", staging, distrust)
             continue
         journal: dict[str, Any] | None = None
         with contextlib.suppress(OSError, ValueError):

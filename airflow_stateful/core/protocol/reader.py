@@ -156,6 +156,7 @@ class CheckpointReader:
         *,
         mode: str = EXACT,
         cache: ChunkCache | None = None,
+        shared_dest: bool = False,
     ) -> RestoreResult:
         """Download a checkpoint's files into directory ``dest``, verified, all or nothing; what it did.
 
@@ -166,9 +167,11 @@ class CheckpointReader:
         all-or-nothing swap; ``"merge"`` replaces same-named files and keeps the others; ``"empty"`` refuses a
         ``dest`` that is not missing or empty (DestinationNotEmptyError, before anything is downloaded). A
         checkpoint without files leaves ``dest`` alone. ``cache`` may supply chunks without downloading them
-        (verified like downloaded ones).
+        (verified like downloaded ones). ``dest`` must be this user's and writable by nobody else (another writer
+        could plant links or an interrupted restore's journal there): InvalidValueError before anything is
+        written, unless ``shared_dest=True`` says the caller shares it knowingly.
         """
-        return self.content.restore_files(manifest, dest, mode=mode, cache=cache)
+        return self.content.restore_files(manifest, dest, mode=mode, cache=cache, shared_dest=shared_dest)
 
     def verify(self, manifest: Manifest) -> None:
         """Read back every byte of a checkpoint and check every hash (its tree's chunks); raise
@@ -193,6 +196,7 @@ class CheckpointReader:
         manifest: Manifest | None = None,
         mode: str = EXACT,
         cache: ChunkCache | None = None,
+        shared_dest: bool = False,
     ) -> RestoreResult:
         """Download committed output ``name`` to ``dest/<name>`` (a file, or a directory of its files), every chunk
         verified, all or nothing; what it did. Default: the output as the newest checkpoint has it. ``mode`` as
@@ -203,4 +207,6 @@ class CheckpointReader:
         manifest = manifest or self.latest()
         if manifest is None:
             raise CheckpointNotFoundError(f"identity {self.identity} has no checkpoint, so no outputs")
-        return self.content.restore_output(name, dest, manifest=manifest, mode=mode, cache=cache)
+        return self.content.restore_output(
+            name, dest, manifest=manifest, mode=mode, cache=cache, shared_dest=shared_dest
+        )

@@ -101,6 +101,7 @@ class WriterView:
         *,
         mode: str = EXACT,
         cache: ChunkCache | None = None,
+        shared_dest: bool = False,
     ) -> RestoreResult:
         """Restore the files of ``manifest`` (default :attr:`latest`) into ``dest``; what it did, also logged.
 
@@ -108,7 +109,8 @@ class WriterView:
         exactly the checkpoint's files, never the part files a killed try left beside them (see
         :meth:`CheckpointStore.restore_files` for ``"merge"`` and ``"empty"``). With no checkpoint yet, or one
         without files, ``dest`` is left as it is and the result is false. ``cache``: where chunks may be found
-        first; default: this writer's restore cache, whose use is then logged in one line."""
+        first; default: this writer's restore cache, whose use is then logged in one line. ``shared_dest``: a
+        ``dest`` another user owns or may write is refused unless this says it is shared knowingly."""
         mode = check_mode(mode)
         manifest = manifest or self._latest
         if manifest is None:
@@ -117,7 +119,9 @@ class WriterView:
             return result
         local = self.restore_cache if cache is None and manifest.has_files else None
         before = local.stats if local is not None else None
-        result = self.checkpoints.restore_files(manifest, dest, mode=mode, cache=cache or local)
+        result = self.checkpoints.restore_files(
+            manifest, dest, mode=mode, cache=cache or local, shared_dest=shared_dest
+        )
         if local is not None and before is not None:
             log.info("%s", describe_use(local, before, manifest, self.writer, runner=self._cache_runner))
         log.info("%s", result.describe())
