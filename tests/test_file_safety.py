@@ -382,3 +382,46 @@ def test_undoing_an_interrupted_restore_never_writes_through_a_link_in_the_desti
         recover_interrupted(dest)
     assert (outside / "x").read_text() == "outside, untouched"
     assert (staging / "old" / "sub" / "x").exists(), "what was moved aside is kept for whoever looks"
+
+
+# -- modes come back (issue 23, LOW 4) -------------------------------------------------------------------------
+def test_restored_files_keep_their_modes_and_new_directories_are_owner_only(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """A 0600 key came back 0644 and directories 0755: readable by every local user. The tree records each
+    file's permission bits; a restore applies them, and directories it creates are 0700."""
+    work = tree(
+        tmp_path / "work", {"keys/id_ed25519": b"secret", "bin/run.sh": b"#!/bin/sh\n", "data.csv": b"1"}
+    )
+    os.chmod(work / "keys" / "id_ed25519", 0o600)
+    os.chmod(work / "bin" / "run.sh", 0o750)
+    os.chmod(work / "data.csv", 0o644)
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    lease = cs.acquire()
+    cs.commit(lease, {"v": 1}, files=work)
+    latest = cs.latest()
+    assert latest is not None
+    dest = tmp_path / "restored"
+    cs.restore_files(latest, dest)
+    modes = {
+        rel: os.stat(dest / rel).st_mode & 0o7777 for rel in ("keys/id_ed25519", "bin/run.sh", "data.csv")
+    }
+    assert modes == {"keys/id_ed25519": 0o600, "bin/run.sh": 0o750, "data.csv": 0o644}
+    assert os.stat(dest / "keys").st_mode & 0o777 == 0o700 and os.stat(dest / "bin").st_mode & 0o777 == 0o700
+    # A background save uploads a private copy: the copy has the originals' modes, so its tree does too.
+    from airflow_stateful.core.data.files import collect_files
+    from airflow_stateful.core.data.snapshot import snapshot_files
+
+    snapshot = snapshot_files(work, staging_root=tmp_path / "staging")
+    try:
+        assert {f.rel: f.mode for f in collect_files(snapshot.path)} == {
+            f.rel: f.mode for f in collect_files(work)
+        }
+    finally:
+        snapshot.discard()
+    # A setuid bit never comes back, whatever the tree says.
+    os.chmod(work / "bin" / "run.sh", 0o4755)
+    cs.commit(lease, {"v": 2}, files=work)
+    again = tmp_path / "again"
+    cs.restore_files(cs.latest(), again)  # type: ignore[arg-type]
+    assert os.stat(again / "bin" / "run.sh").st_mode & 0o7777 == 0o755

@@ -313,7 +313,7 @@ class ContentStore:
                     f"output {name!r}: {tf.path!r} changed while it was being published; publish it again once it "
                     "is complete"
                 )
-            files.append(TreeFile(path="" if kind == "file" else tf.path, size=tf.size, chunks=tf.chunks))
+            files.append(replace(tf, path="" if kind == "file" else tf.path))
         sha = content_sha256(kind, [(f.path, f.size, hashes[f.path or local_files[0].rel]) for f in files])
         log.info(
             "%s: staged output %r (%s, %d file(s), %s; uploaded %d new chunk(s)); visible with the next checkpoint",
@@ -433,7 +433,7 @@ class ContentStore:
         if mode == EMPTY:
             refuse_unless_empty(target)
         files = self.output_files(manifest, name)
-        placed = [TreeFile(path=name, size=f.size, chunks=f.chunks) for f in files]
+        placed = [replace(f, path=name) for f in files]
         result = restore_tree_files(
             self,
             placed,

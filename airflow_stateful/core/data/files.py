@@ -19,6 +19,8 @@ class LocalFile:
     path: Path
     rel: str
     size: int
+    mode: int = 0o600
+    """Its permission bits (``stat.S_IMODE & 0o777``), recorded in the tree and applied by a restore."""
 
 
 def collect_files(
@@ -49,7 +51,8 @@ def collect_files(
         raise InvalidValueError(f"files={str(given)!r} does not exist.")
     if given.is_file():
         _check_restorable(given.name, shown=str(given))
-        return [LocalFile(path=given, rel=given.name, size=given.stat().st_size)]
+        st = given.stat()
+        return [LocalFile(path=given, rel=given.name, size=st.st_size, mode=stat.S_IMODE(st.st_mode) & 0o777)]
     if not given.is_dir():
         raise InvalidValueError(f"files={str(given)!r} is neither a regular file nor a directory.")
     root = given.resolve()
@@ -92,7 +95,11 @@ def collect_files(
                 rel = path.relative_to(root).as_posix()
                 _check_restorable(rel, shown=_shown(path, root, given))
                 if rel not in exclude:
-                    found.append(LocalFile(path=source, rel=rel, size=st.st_size))
+                    found.append(
+                        LocalFile(
+                            path=source, rel=rel, size=st.st_size, mode=stat.S_IMODE(st.st_mode) & 0o777
+                        )
+                    )
     except OSError as error:
         # Any other failure to read the tree (a directory that cannot be listed, a path too long for the
         # system, an I/O error) names the place and writes nothing.

@@ -189,7 +189,7 @@ def _restore(
     restore. ``fetch(rels, incoming, progress)`` writes each ``incoming / rel``."""
     started = time.monotonic()
     prepare(dest, mode, shared_dest=shared_dest)
-    dest.mkdir(parents=True, exist_ok=True)
+    dest.mkdir(mode=0o700, parents=True, exist_ok=True)
     rels = [safe_relative(path, manifest_key=where) for path in paths]
     check_distinct_paths(rels, manifest_key=where)
     check_restore_targets(dest, rels)
@@ -277,7 +277,7 @@ def _swap_in(
             if extra.exists() or extra.is_symlink():  # gone since it was listed: nothing to move
                 extra.replace(staging / "gone" / str(n))
         for name in created:
-            (dest / name).mkdir(exist_ok=True)
+            (dest / name).mkdir(mode=0o700, exist_ok=True)  # owner-only: a tree records no directory modes
         for rel in rels:
             target = dest / rel
             # Stat again (the journal's `existed` is a moment old): a file that appeared since is moved aside too,

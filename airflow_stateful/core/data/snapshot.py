@@ -170,6 +170,7 @@ def snapshot_files(
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
                 snapshot.bytes += _copy(item.path, target, methods)
+                os.chmod(target, item.mode)  # the tree records the copy's mode: make it the original's
             except FileNotFoundError:
                 raise InvalidValueError(
                     f"file {item.rel!r} disappeared while the checkpoint was being snapshotted; nothing was "

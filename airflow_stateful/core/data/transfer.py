@@ -207,7 +207,9 @@ def upload_files(
             index.stage(name, before, after, tuple(resolved[n][1]), started)
         index.publish()
     tree_files = [
-        TreeFile(path=local.rel, size=local.size, chunks=tuple(placed[sha] for sha, _ in pieces))
+        TreeFile(
+            path=local.rel, size=local.size, chunks=tuple(placed[sha] for sha, _ in pieces), mode=local.mode
+        )
         for local, pieces in resolved
     ]
     return UploadResult(
@@ -286,7 +288,10 @@ def download_files(
                     parents.add(staged.parent)
                 slots.acquire()  # released when the file is closed
                 try:
-                    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                    # The recorded permission bits (owner-only when the tree has none), whatever the umask says;
+                    # writing goes on through this descriptor even for a read-only mode.
+                    os.fchmod(fd, tree_file.mode if tree_file.mode is not None else 0o600)
                 except BaseException:
                     slots.release()
                     raise

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from airflow_stateful.core.errors import CheckpointCorruptError, InvalidValueError
@@ -89,8 +89,8 @@ class StagedOutput:
     def tree_files(self) -> list[TreeFile]:
         """Its files as they sit in the outputs tree: under ``<name>/`` (a file output: at ``<name>``)."""
         if self.kind == "file":
-            return [TreeFile(path=self.name, size=self.files[0].size, chunks=self.files[0].chunks)]
-        return [TreeFile(path=f"{self.name}/{f.path}", size=f.size, chunks=f.chunks) for f in self.files]
+            return [replace(self.files[0], path=self.name)]
+        return [replace(f, path=f"{self.name}/{f.path}") for f in self.files]
 
 
 @dataclass(frozen=True)
@@ -170,14 +170,10 @@ def files_of_output(record: OutputRecord, tree_files: Iterable[TreeFile]) -> lis
 
     Raises CheckpointCorruptError when the tree does not hold what the record says (count or size)."""
     if record.kind == "file":
-        found = [TreeFile(path="", size=f.size, chunks=f.chunks) for f in tree_files if f.path == record.name]
+        found = [replace(f, path="") for f in tree_files if f.path == record.name]
     else:
         prefix = f"{record.name}/"
-        found = [
-            TreeFile(path=f.path[len(prefix) :], size=f.size, chunks=f.chunks)
-            for f in tree_files
-            if f.path.startswith(prefix)
-        ]
+        found = [replace(f, path=f.path[len(prefix) :]) for f in tree_files if f.path.startswith(prefix)]
     if len(found) != record.file_count or sum(f.size for f in found) != record.size:
         raise CheckpointCorruptError(
             f"the outputs tree does not hold output {record.name!r} as its checkpoint recorded it "

@@ -40,6 +40,8 @@ TREE_FORMAT = 2
 MAX_CHUNKS_PER_FILE = 1 << 20
 MAX_FILE_BYTES = MAX_CHUNKS_PER_FILE * MAX_CHUNK_BYTES
 """The largest file a tree can hold (4 TiB): as many chunks as a file may have, each as large as a chunk may be."""
+PERMISSION_BITS = 0o777
+"""What a tree records of a file's mode, and a restore applies: read, write and execute for owner, group, others."""
 MAX_TREE_BYTES = 512 * 1024 * 1024
 """Largest tree a reader accepts (also capped by the size its checkpoint recorded)."""
 
@@ -89,14 +91,23 @@ class ChunkRef:
 
 @dataclass(frozen=True)
 class TreeFile:
-    """One file of a tree: its path below the saved directory, its size and its chunks in order."""
+    """One file of a tree: its path below the saved directory, its size, its chunks in order and its permission
+    bits (``mode``: ``0o777`` at most; ``None`` in trees written before modes were kept: restored owner-only)."""
 
     path: str
     size: int
     chunks: tuple[ChunkRef, ...]
+    mode: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "chunks": [c.to_json() for c in self.chunks]}
+        body: dict[str, Any] = {
+            "path": self.path,
+            "size": self.size,
+            "chunks": [c.to_json() for c in self.chunks],
+        }
+        if self.mode is not None:  # an older reader ignores it (and restores the file with its own default)
+            body["mode"] = self.mode
+        return body
 
     @classmethod
     def from_json(cls, data: Any, *, identity: str, what: str) -> TreeFile:
@@ -110,7 +121,10 @@ class TreeFile:
             raise CheckpointCorruptError(
                 f"{what}: its chunks hold {sum(c.size for c in chunks)} bytes, not {size}"
             )
-        return cls(path=path, size=size, chunks=chunks)
+        # Permission bits only: a setuid, setgid or sticky bit is never recorded, so never restored.
+        return cls(
+            path=path, size=size, chunks=chunks, mode=f.optional_integer("mode", maximum=PERMISSION_BITS)
+        )
 
 
 @dataclass(frozen=True)
