@@ -266,7 +266,7 @@ def test_pre_start_migrates_schema_1_to_2_and_the_pod_gets_the_next_epoch(
 
 
 def test_a_signing_deployment_gives_its_pods_the_key_through_the_lease_secret_only(
-    state_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    state_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_home: Path
 ) -> None:
     """With [stateful] signing_conn_id, a pod signs the heads it writes with the key of its own identity,
     derived from the deployment's (which no pod gets); that key is in the per-lease Secret, never in the pod spec,

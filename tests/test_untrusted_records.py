@@ -524,3 +524,82 @@ def test_a_tree_whose_totals_differ_from_what_its_checkpoint_records_is_refused(
     assert latest is not None
     with pytest.raises(CheckpointCorruptError, match=r"total_size"):
         cs.restore_files(latest, tmp_path / "out")
+
+
+# -- a signed head written back (issue 23, MEDIUM 1) -----------------------------------------------------------
+class DictMarks:
+    """A mark store in a dict: the core's interface as the Airflow layer implements it over Airflow's database
+    (tests/test_marks_airflow.py runs that one, on a real metadata database)."""
+
+    where = "the test's mark store"
+
+    def __init__(self) -> None:
+        self.marks: dict[str, Any] = {}
+        self.requests = 0
+
+    def get(self, identity: Identity) -> Any:
+        self.requests += 1
+        return self.marks.get(identity.key)
+
+    def put(self, identity: Identity, mark: Any) -> None:
+        self.requests += 1
+        self.marks[identity.key] = mark
+
+
+def test_a_signed_head_written_back_is_refused_and_the_zombie_stays_fenced(store: ObjectStore) -> None:
+    """An attacker who can write the bucket but has no key keeps a head from before a retry took over and
+    writes it back. Signed heads alone accept it: readers resume from the older state and the fenced zombie's
+    commit lands. With the high-water marks both are refused, naming identity, mark and head."""
+    from airflow_stateful.core.protocol.marks import MarkStore, RolledBackError
+
+    policy = signer(required=True)
+
+    def attack(marks: MarkStore | None) -> tuple[CheckpointStore, Any, CheckpointStore, Any]:
+        for info in list(store.list_objects("")):
+            store.delete(info.key)
+        zombie = CheckpointStore(store=store, identity=IDENTITY, signer=policy, marks=marks)
+        zombie_lease = zombie.acquire(holder=WriterInfo(try_number=1))
+        zombie.commit(zombie_lease, {"n": 1})
+        kept = store.get(HEAD).data  # what the attacker keeps (or finds among the bucket's versions)
+        retry = CheckpointStore(store=store, identity=IDENTITY, signer=policy, marks=marks)
+        retry_lease = retry.acquire(holder=WriterInfo(try_number=2), steal=True)
+        retry.commit(retry_lease, {"n": 2})
+        store.put(HEAD, kept)  # written back: a valid signature, an older epoch
+        return zombie, zombie_lease, retry, retry_lease
+
+    # Without marks the attack works (this is what the marks are for): the older state reads as the newest,
+    # and the fenced zombie commits on top of it.
+    zombie, zombie_lease, _, _ = attack(None)
+    assert CheckpointStore(store=store, identity=IDENTITY, signer=policy).latest().value == {"n": 1}  # type: ignore[union-attr]
+    zombie.commit(zombie_lease, {"n": "zombie"})
+
+    marks = DictMarks()
+    zombie, zombie_lease, retry, retry_lease = attack(marks)
+    replayed = store.get(HEAD).data
+    refused = r"epoch 1, seq 1.*below the newest this deployment wrote \(epoch 2, seq 2, commit [0-9a-f]{32}"
+    with pytest.raises(RolledBackError, match=refused):
+        CheckpointStore(store=store, identity=IDENTITY, signer=policy, marks=marks).latest()
+    with pytest.raises(RolledBackError, match=refused):
+        zombie.commit(zombie_lease, {"n": "zombie"})  # from its cached head, whose ETag the replay matches
+    with pytest.raises(RolledBackError, match=refused):
+        retry.commit(retry_lease, {"n": 3})  # refused as a rollback, not taken for being fenced
+    assert store.get(HEAD).data == replayed, "nothing was committed on top of the written-back head"
+    assert marks.marks[IDENTITY.key].position == (2, 2)
+
+
+def test_marks_only_rise_even_when_the_head_is_deleted(store: ObjectStore) -> None:
+    """A head deleted (by GC, or by someone) and started again goes on from the mark's epoch, so an old head
+    written back afterwards is still below the mark. Renewals and releases move nothing: no mark write."""
+    policy = signer(required=True)
+    marks = DictMarks()
+    cs = CheckpointStore(store=store, identity=IDENTITY, signer=policy, marks=marks)
+    lease = cs.acquire()
+    cs.commit(lease, {"n": 1})
+    writes = dict(marks.marks)
+    before = marks.requests
+    cs.renew(lease)
+    assert marks.marks == writes and marks.requests - before == 1, "a renewal reads the mark, writes none"
+    cs.release(lease)
+    store.delete(HEAD)
+    again = CheckpointStore(store=store, identity=IDENTITY, signer=policy, marks=marks)
+    assert again.acquire().epoch == 2, "the epochs go on from the mark"

@@ -12,6 +12,7 @@ from airflow.sdk import BaseHook
 from airflow_stateful.config import load_settings
 from airflow_stateful.core.errors import ConfigurationError
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.records.writer import WriterInfo
@@ -260,6 +261,15 @@ class StateHook(BaseHook):
             key=conn.password.encode("utf-8"), key_id=str(key_id), required=self.settings.require_signed_heads
         )
 
+    def get_marks(self) -> MarkStore | None:
+        """Where the identities' high-water marks are kept, when heads are signed (:mod:`airflow_stateful.marks`:
+        Airflow's metadata database); ``None`` without signing, where a mark would stop nothing."""
+        if self.get_signer() is None:
+            return None
+        from airflow_stateful.marks import VariableMarks
+
+        return VariableMarks()
+
     def get_conn(self) -> ObjectStore:
         return self.get_store()
 
@@ -274,6 +284,7 @@ class StateHook(BaseHook):
             store=self.get_store(),
             identity=identity,
             signer=self.get_signer(),
+            marks=self.get_marks(),
             keep_last=self.keep_last,
             lease_ttl=self.lease_ttl,
         )

@@ -50,6 +50,7 @@ from airflow_stateful.core.protocol.lease import (
     lease_of,
     renewed,
 )
+from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.protocol.reader import CheckpointReader
 from airflow_stateful.core.protocol.retention import KeepLast, RetentionPolicy, references, unreferenced
 from airflow_stateful.core.records.code_identity import CodeIdentity
@@ -88,6 +89,8 @@ class CheckpointStore(CheckpointReader):
     :param store: where the objects live.
     :param identity: whose checkpoints these are.
     :param signer: the deployment's head signing policy (``None``: no signing).
+    :param marks: where the identity's high-water mark is kept (``None``: not checked; see
+        :mod:`~airflow_stateful.core.protocol.marks`).
     :param keep_last: how many committed checkpoints to keep (or pass ``retention``).
     :param lease_ttl: seconds a lease lives without a commit or renewal.
     :param clock: seconds since the epoch; injectable for tests of expiry.
@@ -100,13 +103,16 @@ class CheckpointStore(CheckpointReader):
         store: ObjectStore,
         identity: Identity,
         signer: HeadSigner | None = None,
+        marks: MarkStore | None = None,
         keep_last: int = DEFAULT_KEEP_LAST,
         retention: RetentionPolicy | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         clock: Callable[[], float] = time.time,
         parallelism: int | None = None,
     ) -> None:
-        super().__init__(store=store, identity=identity, signer=signer, clock=clock, parallelism=parallelism)
+        super().__init__(
+            store=store, identity=identity, signer=signer, marks=marks, clock=clock, parallelism=parallelism
+        )
         if lease_ttl <= 0:
             raise ValueError(f"lease_ttl must be a positive number of seconds, not {lease_ttl!r}")
         self.retention: RetentionPolicy = retention or KeepLast(keep_last)
@@ -152,6 +158,7 @@ class CheckpointStore(CheckpointReader):
                 grace=grace,
                 expected_interval=expected_interval,
                 outcome=outcome,
+                epoch_floor=self.heads.epoch_floor() if h is None else 0,
             )
         )
         assert head.lease is not None

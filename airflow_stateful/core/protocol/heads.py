@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from airflow_stateful.core.errors import ObjectNotFoundError
 from airflow_stateful.core.protocol.cas import DEFAULT_BACKOFF, Backoff, compare_and_swap
+from airflow_stateful.core.protocol.marks import HighWaterMark, MarkStore, check_mark
 from airflow_stateful.core.records.formats import HEAD_NAME, MAX_HEAD_BYTES
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
@@ -30,6 +31,9 @@ class HeadStore:
     :param signer: signs every head this writes and verifies every head this reads (``None``: no signing).
         It belongs to the protocol, not to the byte store: whoever opens the store from configuration passes
         the deployment's signer to every reader and writer it builds, so they all apply the same policy.
+    :param marks: where the identity's high-water mark is kept (:mod:`~airflow_stateful.core.protocol.marks`):
+        every head read is checked against it, and every write that moves the head on raises it. ``None``: not
+        checked (a reader that cannot reach the marks).
     """
 
     def __init__(
@@ -38,17 +42,20 @@ class HeadStore:
         store: ObjectStore,
         identity: Identity,
         signer: HeadSigner | None = None,
+        marks: MarkStore | None = None,
         clock: Callable[[], float] = time.time,
         backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self.store = store
         # Every identity's heads are signed with a key of its own, derived from the deployment's.
         self.signer = signer.for_identity(identity.key) if signer is not None else None
+        self.marks = marks
         self.identity = identity
         self.clock = clock
         self.backoff = backoff
         self.key = f"{identity.key}/{HEAD_NAME}"
         self._cached: tuple[HeadRecord, str] | None = None
+        self._mark_seen: HighWaterMark | None = None
         self._lock = threading.RLock()
 
     def _read(self, data: bytes) -> HeadRecord:
@@ -66,6 +73,7 @@ class HeadStore:
                 self._cached = None
                 return None, None
             head = self._read(blob.data)
+            self._check_mark(head)
             self._cached = (head, blob.etag)
             return head, blob.etag
 
@@ -87,6 +95,10 @@ class HeadStore:
         """
 
         def stamped(current: HeadRecord | None) -> HeadRecord | None:
+            # Every decision, also one on this process's cached head: a head written back byte for byte has
+            # the ETag this process last saw, so only the mark tells it from the newest.
+            if current is not None:
+                self._check_mark(current)
             decided = decide(current)
             if decided is current:
                 return current
@@ -114,4 +126,31 @@ class HeadStore:
                 self._cached = None
                 raise ObjectNotFoundError(f"identity {self.identity} has no head record in {self.store.url}")
             self._cached = (head, etag)
+            self._raise_mark(head)
             return head
+
+    # -- high-water marks -------------------------------------------------------------------------------------
+    def _check_mark(self, head: HeadRecord) -> None:
+        if self.marks is not None:
+            self._mark_seen = self.marks.get(self.identity)
+            check_mark(head, self._mark_seen, identity=self.identity, where=self.marks.where)
+
+    def _raise_mark(self, head: HeadRecord) -> None:
+        """Record ``head``'s position if it is past the mark (a renewal or a release moves nothing)."""
+        if self.marks is None:
+            return
+        new = HighWaterMark.of(head)
+        # The mark read when this write was decided (one request less per commit). Without a compare-and-swap
+        # on the marks, a writer slow between its head write and its mark write can lower a mark another writer
+        # raised meanwhile, to its own (older) position: the window is that one request.
+        seen = self._mark_seen
+        if seen is None or new.position > seen.position:
+            self.marks.put(self.identity, new)
+            self._mark_seen = new
+
+    def epoch_floor(self) -> int:
+        """The epoch a head started from nothing must exceed: the mark's, if the identity had one (its head was
+        deleted, by GC or otherwise), so the marks only ever rise."""
+        mark = self.marks.get(self.identity) if self.marks is not None else None
+        self._mark_seen = mark
+        return mark.epoch if mark is not None else 0

@@ -116,6 +116,7 @@ def acquire_decision(
     grace: float = 0.0,
     expected_interval: float | None = None,
     outcome: TryOutcome | None = None,
+    epoch_floor: int = 0,
 ) -> HeadRecord:
     """The head after ``holder`` takes the lease, or LeaseHeldError if a live lease stands and ``steal`` is off.
 
@@ -123,10 +124,11 @@ def acquire_decision(
     ``grace``: how long past its expiry a lease still counts as held (maintenance passes the lease grace).
     ``expected_interval``: how often the holder means to commit, recorded for stuck-work detection.
     ``outcome``: the try's ``running`` outcome, recorded with the lease (else the head's outcome stays).
+    ``epoch_floor``: where the epochs of an identity without a head go on from (its high-water mark's).
     """
     if head is not None and head.lease is not None and head.lease.token == token:
         return head
-    base = head or HeadRecord(identity=identity.key)
+    base = head or HeadRecord(identity=identity.key, epoch=epoch_floor)
     if base.lease is not None and not base.lease.dead(now, grace=grace) and not steal:
         lease = base.lease
         raise LeaseHeldError(

@@ -19,6 +19,7 @@ from airflow_stateful.core.data.restore import ChunkCache
 from airflow_stateful.core.data.restore_modes import EXACT, RestoreResult, check_mode
 from airflow_stateful.core.errors import CheckpointCorruptError, CheckpointNotFoundError, ObjectNotFoundError
 from airflow_stateful.core.protocol.heads import HeadStore
+from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
@@ -35,6 +36,7 @@ class CheckpointReader:
     :param identity: whose checkpoints these are.
     :param signer: the deployment's head signing policy (:class:`~airflow_stateful.core.records.integrity.HeadSigner`;
         ``None``: heads are neither signed nor required to be).
+    :param marks: where the identity's high-water mark is kept (``None``: not checked).
     :param clock: seconds since the epoch; injectable for tests of expiry.
     :param parallelism: chunks moved at once by a restore; default: what the store suits.
     """
@@ -45,6 +47,7 @@ class CheckpointReader:
         store: ObjectStore,
         identity: Identity,
         signer: HeadSigner | None = None,
+        marks: MarkStore | None = None,
         clock: Callable[[], float] = time.time,
         parallelism: int | None = None,
     ) -> None:
@@ -55,7 +58,7 @@ class CheckpointReader:
         self.clock = clock
         #: The head signing policy every head of this identity is written and read with.
         self.signer = signer
-        self.heads = HeadStore(store=store, identity=identity, signer=signer, clock=clock)
+        self.heads = HeadStore(store=store, identity=identity, signer=signer, marks=marks, clock=clock)
         #: The identity's bytes (chunks, trees, manifest objects, outputs), read and written below the head.
         self.content = ContentStore(store=store, identity=identity, parallelism=parallelism)
 
