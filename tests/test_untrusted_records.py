@@ -585,6 +585,19 @@ def test_a_signed_head_written_back_is_refused_and_the_zombie_stays_fenced(store
         retry.commit(retry_lease, {"n": 3})  # refused as a rollback, not taken for being fenced
     assert store.get(HEAD).data == replayed, "nothing was committed on top of the written-back head"
     assert marks.marks[IDENTITY.key].position == (2, 2)
+    # GC would take the newer checkpoints' objects for unreferenced and make the rollback permanent: it keeps
+    # the identity whole instead, and says why.
+    from datetime import timedelta
+
+    from airflow_stateful.core.fleet.gc import apply_gc
+    from airflow_stateful.core.fleet.gc_plan import plan_gc
+
+    before = sorted(i.key for i in store.list_objects(""))
+    plan = plan_gc(store, min_age=timedelta(0), grace=0.0, keep_last=1, signer=policy, marks=marks)
+    (item,) = [p for p in plan.identities if p.identity == IDENTITY.key]
+    assert item.skipped and "written back" in item.skipped and not item.reasons
+    apply_gc(plan)
+    assert sorted(i.key for i in store.list_objects("")) == before
 
 
 def test_marks_only_rise_even_when_the_head_is_deleted(store: ObjectStore) -> None:

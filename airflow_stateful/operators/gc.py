@@ -179,6 +179,7 @@ class StatefulGCOperator(BaseOperator):
             progress=progress,
             groups=groups,
             signer=hook.get_signer(),
+            marks=hook.get_marks(),
         )
         progress.finish()
         footprint = self._send_plan_metrics(plan, idle_for)

@@ -81,6 +81,7 @@ from airflow_stateful.core.fleet.gc_plan import (
 )
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.protocol.lease import Lease, check_holder
+from airflow_stateful.core.protocol.marks import MarkStore, RolledBackError
 from airflow_stateful.core.protocol.retention import (
     CrashGarbage,
     unreferenced,
@@ -152,8 +153,10 @@ def apply_gc(plan: GcPlan, *, progress: Progress | None = None) -> GcResult:
                 if item.identity == EXPIRED_STATE:
                     deleted = _delete_expired(store, item.reasons[EXPIRED], plan.now)
                 else:
-                    deleted = _apply_identity(store, item, grace=plan.grace, signer=plan.signer)
-            except (_Changed, LeaseHeldError, FormatVersionError) as exc:  # its head is another format now
+                    deleted = _apply_identity(
+                        store, item, grace=plan.grace, signer=plan.signer, marks=plan.marks
+                    )
+            except (_Changed, LeaseHeldError, FormatVersionError, RolledBackError) as exc:  # its head changed
                 result.skipped[item.identity] = str(exc)
                 log.info("gc: skipped %s: %s", item.identity, exc)
             else:
@@ -175,9 +178,15 @@ def _same(a: HeadRecord | None, b: HeadRecord | None) -> bool:
 
 
 def _apply_identity(
-    store: ObjectStore, item: IdentityPlan, *, grace: float, signer: HeadSigner | None
+    store: ObjectStore,
+    item: IdentityPlan,
+    *,
+    grace: float,
+    signer: HeadSigner | None,
+    marks: MarkStore | None,
 ) -> list[str]:
-    cs = CheckpointStore(store=store, identity=Identity.parse(item.identity), signer=signer, clock=time.time)
+    identity = Identity.parse(item.identity)
+    cs = CheckpointStore(store=store, identity=identity, signer=signer, marks=marks, clock=time.time)
     if ORPHAN in item.reasons:
         if cs.head() is not None:
             raise _Changed("it got a head since the plan; run GC again")

@@ -20,6 +20,7 @@ from airflow_stateful.core.fleet import lifetimes
 from airflow_stateful.core.fleet.catalog import HEAD_READERS, ordered_map
 from airflow_stateful.core.fleet.lifetimes import Lifetimes, RunStates, Verdict, lifetime_of
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.protocol.marks import MarkStore, RolledBackError
 from airflow_stateful.core.protocol.retention import (
     CrashGarbage,
     IdleFor,
@@ -122,6 +123,8 @@ class GcPlan:
     grace: float = LEASE_GRACE
     signer: HeadSigner | None = None
     """The head signing policy the plan read the heads with; a real pass writes and re-reads with it too."""
+    marks: MarkStore | None = None
+    """The high-water marks the plan checked the heads against; a real pass checks them again."""
     identities: list[IdentityPlan] = field(default_factory=list)
     """Identities the pass changes (or leaves alone for a stated reason: ``skipped``)."""
     kept: list[IdentityPlan] = field(default_factory=list)
@@ -189,10 +192,11 @@ def plan_identity(
     garbage: CrashGarbage,
     airflow: RunStates | None = None,
     signer: HeadSigner | None = None,
+    marks: MarkStore | None = None,
 ) -> IdentityPlan:
     item = IdentityPlan(identity=key, objects={i.key: i for i in infos})
     identity = Identity.parse(key)
-    cs = CheckpointStore(store=store, identity=identity, signer=signer)
+    cs = CheckpointStore(store=store, identity=identity, signer=signer, marks=marks)
     try:
         head = cs.head() if cs.heads.key in item.objects else None
     except FormatVersionError as exc:
@@ -201,6 +205,12 @@ def plan_identity(
         # is collected as usual.
         log.warning("gc: %s is kept whole: %s", key, exc)
         item.skipped = f"kept whole, its head is in a format this version does not read: {exc}"
+        return item
+    except RolledBackError as exc:
+        # An older head written back: the newer checkpoints' objects look unreferenced, and collecting them
+        # would make the rollback permanent. Nothing of the identity goes.
+        log.warning("gc: %s is kept whole: %s", key, exc)
+        item.skipped = f"kept whole, its head was written back: {exc}"
         return item
     item.head = head
     cutoff = datetime.now(tz=timezone.utc) - garbage.min_age
@@ -276,6 +286,7 @@ def plan_gc(
     progress: Progress | None = None,
     groups: dict[str, list[ObjectInfo]] | None = None,
     signer: HeadSigner | None = None,
+    marks: MarkStore | None = None,
 ) -> GcPlan:
     """Read the store and decide what a GC pass deletes, changing nothing.
 
@@ -294,6 +305,7 @@ def plan_gc(
     :param progress: called once per identity planned.
     :param groups: a listing already grouped by :func:`group_by_identity` (saves a listing).
     :param signer: the deployment's head signing policy (a forged head is then reported, never acted on).
+    :param marks: the identities' high-water marks (a head written back is then kept whole and reported).
     """
     now = time.time() if now is None else now
     retention = KeepLast(keep_last) if keep_last is not None else None
@@ -301,7 +313,7 @@ def plan_gc(
         idle_for=idle_for, release_after_success=release_after_success, keep_failed_for=keep_failed_for
     )
     garbage = CrashGarbage(min_age=min_age, grace=grace)
-    plan = GcPlan(store=store, now=now, grace=grace, signer=signer)
+    plan = GcPlan(store=store, now=now, grace=grace, signer=signer, marks=marks)
     if groups is None:
         groups = group_by_identity(store, prefix)
     listed = groups
@@ -317,6 +329,7 @@ def plan_gc(
             garbage=garbage,
             airflow=airflow,
             signer=signer,
+            marks=marks,
         )
 
     # The identities' heads (and what their planning reads with them) are read HEAD_READERS at a time; the
