@@ -160,8 +160,7 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
         hook = hook or self.state_hook()
         session = self.open_session(context, hook)
         if session.restarted_from is not None:
-            # on_incompatible="restart": the pod's client restores only its own schema version, so commit an
-            # empty checkpoint at this version; the old one stays in the history.
+            # on_incompatible="restart": the pod restores only its own schema version: an empty one, old kept.
             info = session.commit(None, keep_files=False)
             log.warning("committed empty checkpoint %d at schema %d", info.seq, self.schema_version)
         state = self._attach(context, hook, session)
