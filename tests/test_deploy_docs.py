@@ -195,7 +195,7 @@ def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> 
     def open_store(args: Any) -> S3ObjectStore:
         args.lease_grace = 60.0
         args.settings = StatefulSettings(backend_url=current["store"].url)  # the [stateful] defaults
-        args.signer = None  # no head signing configured
+        args.signer = args.marks = None  # no head signing configured, so no marks
         return current["store"]
 
     monkeypatch.setattr(cli_main, "open_store", open_store)

@@ -51,7 +51,7 @@ def signing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def test_a_task_refuses_a_signed_head_written_back_after_a_newer_run(
-    signing: None, dags_folder: Path, tmp_path: Path
+    signing: None, dags_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from airflow.models import Variable
 
@@ -80,6 +80,11 @@ def test_a_task_refuses_a_signed_head_written_back_after_a_newer_run(
         from airflow_stateful.hooks.state import StateHook
 
         StateHook().checkpoint_store(identity).latest()
+    # The CLI, where Airflow's metadata database is (a scheduler host), checks the marks too.
+    from airflow_stateful.cli.main import main
+
+    assert main(["show", identity.key]) == 1
+    assert "below the newest this deployment wrote" in capsys.readouterr().err
     # Without the marks the same head reads as the newest: what the marks are for.
     from airflow_stateful.core.records.integrity import HeadSigner
 

@@ -17,6 +17,7 @@ from airflow_stateful.core.errors import CheckpointNotFoundError
 from airflow_stateful.core.fleet.lifetimes import Lifetimes
 from airflow_stateful.core.fleet.walk_progress import ItemProgress
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.stores.base import ObjectStore
@@ -47,7 +48,27 @@ def open_store(args: argparse.Namespace) -> ObjectStore:
     store = hook.get_store()
     #: The deployment's head signing policy: every verb reads (and writes) heads with it.
     args.signer = hook.get_signer()
+    args.marks = cli_marks(args.signer)
     return store
+
+
+def cli_marks(signer: HeadSigner | None) -> MarkStore | None:
+    """The high-water marks, when heads are signed and this machine can read Airflow's metadata database (where
+    they are kept); else ``None``, said once on stderr when signing is on (a laptop: no database here)."""
+    if signer is None:
+        return None
+    from airflow_stateful.cli.airflow_db import metadata_db_run_states
+
+    reachable, where = metadata_db_run_states()
+    if reachable is None:
+        print(
+            f"airflow-stateful: heads are not checked against their high-water marks: {where}",
+            file=sys.stderr,
+        )
+        return None
+    from airflow_stateful.marks import VariableMarks
+
+    return VariableMarks()
 
 
 def logs_to_stderr() -> None:
@@ -64,9 +85,11 @@ def logs_to_stderr() -> None:
     ours.propagate = False
 
 
-def checkpoints_of(store: ObjectStore, key: str, *, signer: HeadSigner | None) -> CheckpointStore:
+def checkpoints_of(
+    store: ObjectStore, key: str, *, signer: HeadSigner | None, marks: MarkStore | None = None
+) -> CheckpointStore:
     """The identity's checkpoints; an identity without a head is not found (exit 4), not an empty one."""
-    cs = CheckpointStore(store=store, identity=Identity.parse(key), signer=signer)
+    cs = CheckpointStore(store=store, identity=Identity.parse(key), signer=signer, marks=marks)
     if cs.head() is None:
         raise CheckpointNotFoundError(f"identity {key!r} has no state in {store.url}")
     return cs

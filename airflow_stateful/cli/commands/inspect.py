@@ -33,7 +33,7 @@ from airflow_stateful.core.stores.base import ObjectStore
 
 
 def cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
-    cs = checkpoints_of(store, args.identity, signer=args.signer)
+    cs = checkpoints_of(store, args.identity, signer=args.signer, marks=args.marks)
     head = cs.head()
     assert head is not None
     latest = cs.latest()
@@ -97,7 +97,7 @@ def cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
 
 
 def cmd_history(args: argparse.Namespace, store: ObjectStore) -> int:
-    cs = checkpoints_of(store, args.identity, signer=args.signer)
+    cs = checkpoints_of(store, args.identity, signer=args.signer, marks=args.marks)
     rows = []
     for entry in cs.history():
         manifest = cs.get(entry.seq)
@@ -125,7 +125,7 @@ def cmd_history(args: argparse.Namespace, store: ObjectStore) -> int:
 
 
 def cmd_cat(args: argparse.Namespace, store: ObjectStore) -> int:
-    cs = checkpoints_of(store, args.identity, signer=args.signer)
+    cs = checkpoints_of(store, args.identity, signer=args.signer, marks=args.marks)
     manifest = cs.get(args.seq) if args.seq is not None else cs.latest()
     if manifest is None:
         raise CheckpointNotFoundError(f"identity {args.identity!r} has no checkpoint yet")
@@ -163,7 +163,7 @@ def cmd_outputs(args: argparse.Namespace, store: ObjectStore) -> int:
     """The outputs committed with the newest checkpoint (or ``--seq``); ``--get NAME --to DIR`` downloads one."""
     if (args.get is None) != (args.to is None):
         raise ValueError("--get NAME and --to DIR go together")
-    cs = checkpoints_of(store, args.identity, signer=args.signer)
+    cs = checkpoints_of(store, args.identity, signer=args.signer, marks=args.marks)
     manifest = cs.get(args.seq) if args.seq is not None else cs.latest()
     if manifest is None:
         raise CheckpointNotFoundError(f"identity {args.identity!r} has no checkpoint yet, so no outputs")

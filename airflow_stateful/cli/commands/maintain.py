@@ -36,7 +36,7 @@ def cmd_verify(args: argparse.Namespace, store: ObjectStore) -> int:
     for key in keys:
         bar()
         try:
-            cs = checkpoints_of(store, key, signer=args.signer)
+            cs = checkpoints_of(store, key, signer=args.signer, marks=args.marks)
         except CheckpointNotFoundError:
             if not args.all:
                 raise
@@ -60,7 +60,7 @@ def cmd_verify(args: argparse.Namespace, store: ObjectStore) -> int:
 
 
 def cmd_unlock(args: argparse.Namespace, store: ObjectStore) -> int:
-    cs = checkpoints_of(store, args.identity, signer=args.signer)
+    cs = checkpoints_of(store, args.identity, signer=args.signer, marks=args.marks)
     head = cs.head()
     assert head is not None
     if head.lease is not None and not head.lease.expired(cs.clock()) and not args.force:
@@ -79,7 +79,7 @@ def cmd_unlock(args: argparse.Namespace, store: ObjectStore) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace, store: ObjectStore) -> int:
-    cs = checkpoints_of(store, args.identity, signer=args.signer)
+    cs = checkpoints_of(store, args.identity, signer=args.signer, marks=args.marks)
     target = cs.get(args.to)
     lease = cs.acquire(holder=WriterInfo.current(task_id="airflow-stateful rollback"), steal=args.force)
     try:
@@ -147,6 +147,7 @@ def cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
         progress=bar,
         groups=groups,
         signer=args.signer,
+        marks=args.marks,
     )
     bar.finish()
     skipped: dict[str, str] = {}
