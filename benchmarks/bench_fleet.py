@@ -195,7 +195,7 @@ def ls_now(store: ObjectStore, expected: int) -> int:
     out = Lines()
     with contextlib.redirect_stdout(out):
         args = build_parser().parse_args(["ls"])
-        args.signer = args.marks = None  # as open_store completes them for a deployment that does not sign heads
+        args.signer = args.marks = None  # as open_store completes them when heads are not signed
         code = cmd_ls(args, store)
     assert code == 0 and out.lines == expected + 1, f"ls exited {code} after {out.lines} lines"
     return out.lines - 1
