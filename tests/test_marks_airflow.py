@@ -85,6 +85,22 @@ def test_a_task_refuses_a_signed_head_written_back_after_a_newer_run(
 
     assert main(["show", identity.key]) == 1
     assert "below the newest this deployment wrote" in capsys.readouterr().err
+    # So does the UI (the api-server reads the marks from the metadata database): the row is an error row.
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from fastapi.testclient import TestClient
+
+    from airflow_stateful.plugins.view.access import Viewer, current_viewer
+    from airflow_stateful.plugins.view.app import create_app
+
+    app = create_app()
+    app.dependency_overrides[current_viewer] = lambda: Viewer(
+        user=SimpleAuthManagerUser(username="admin", role="admin"),
+        readable_dags=frozenset(),
+        reads_every_dag=True,
+        reads_configuration=True,
+    )
+    rows = {r["identity"]: r for r in TestClient(app).get("/api/identities").json()["identities"]}
+    assert "RolledBackError" in rows[identity.key]["error"], rows[identity.key]
     # Without the marks the same head reads as the newest: what the marks are for.
     from airflow_stateful.core.records.integrity import HeadSigner
 

@@ -421,7 +421,7 @@ def test_every_reader_of_a_signing_deployment_refuses_a_forged_head(
         out = capsys.readouterr().out
         assert refused in out, f"{verb} showed the forged head as a good one: {out}"
 
-    store, signer = configured_store()  # what the UI opens
+    store, signer, _marks = configured_store()  # what the UI opens
     assert read_head(store, IDENTITY, signer=signer).error is not None
     listing = collect(
         store, prefixes=[""], may_read=lambda i: True, bounds=Bounds(), now=time.time(), signer=signer

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from airflow_stateful.core.protocol.heads import HeadStore
+from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.records.formats import HEAD_NAME
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
@@ -88,7 +89,13 @@ class HeadRead:
     error: Exception | None = None
 
 
-def read_head(store: ObjectStore, identity: Identity, *, signer: HeadSigner | None = None) -> HeadRead:
+def read_head(
+    store: ObjectStore,
+    identity: Identity,
+    *,
+    signer: HeadSigner | None = None,
+    marks: MarkStore | None = None,
+) -> HeadRead:
     """One identity's head through :meth:`HeadStore.load` (its size cap, typed parsing, checksum, and the
     signature ``signer`` checks).
 
@@ -97,7 +104,8 @@ def read_head(store: ObjectStore, identity: Identity, *, signer: HeadSigner | No
     """
     try:
         return HeadRead(
-            identity=identity, head=HeadStore(store=store, identity=identity, signer=signer).load()[0]
+            identity=identity,
+            head=HeadStore(store=store, identity=identity, signer=signer, marks=marks).load()[0],
         )
     except Exception as exc:  # reported on its own row; the caller decides what it means
         return HeadRead(identity=identity, error=exc)
@@ -108,11 +116,14 @@ def read_heads(
     identities: Iterable[Identity],
     *,
     signer: HeadSigner | None = None,
+    marks: MarkStore | None = None,
     readers: int = HEAD_READERS,
 ) -> Iterator[HeadRead]:
     """:func:`read_head` of each identity, ``readers`` at a time, in the order of ``identities``, as they are
     read (:func:`ordered_map`)."""
-    return ordered_map(functools.partial(read_head, store, signer=signer), identities, workers=readers)
+    return ordered_map(
+        functools.partial(read_head, store, signer=signer, marks=marks), identities, workers=readers
+    )
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int) -> Iterator[R]:

@@ -47,10 +47,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from airflow_stateful.core.errors import StatefulError
 from airflow_stateful.core.fleet.status import STATUSES
 from airflow_stateful.core.protocol.heads import HeadStore
+from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.plugins.view.access import Viewer, ViewerDep, checked_identity, checked_prefix
+from airflow_stateful.plugins.view.configured import configured_interval, configured_store
 from airflow_stateful.plugins.view.params import (
     checked_task,
     parsed_map_index,
@@ -92,15 +94,6 @@ SECURITY_HEADERS = {
 T = TypeVar("T")
 
 
-def configured_store() -> tuple[ObjectStore, HeadSigner | None]:
-    """The store of ``[stateful] backend_url``, with S3 credentials from ``[stateful] conn_id`` if any, and the
-    head signing policy of ``[stateful] signing_conn_id`` every head shown is verified with."""
-    from airflow_stateful.hooks.state import StateHook
-
-    hook = StateHook()
-    return hook.get_store(), hook.get_signer()
-
-
 class WorkGate:
     """Runs the view's blocking work (listing the store, reading heads, rendering) on its own few threads.
 
@@ -139,13 +132,6 @@ def _airflow_base(request: Request) -> str:
     """Where Airflow's UI lives: this app's mount point without ``/stateful`` (``""`` at the root)."""
     root = str(request.scope.get("root_path") or "").rstrip("/")
     return root[: -len(URL_PREFIX)] if root.endswith(URL_PREFIX) else ""
-
-
-def configured_interval() -> timedelta:
-    """``[stateful] expected_checkpoint_interval``: when a lease holder that declared none counts as stuck."""
-    from airflow_stateful.config import load_settings
-
-    return timedelta(seconds=load_settings().expected_checkpoint_interval)
 
 
 def _safe_url(url: str) -> str:
@@ -255,6 +241,7 @@ class View:
         self._lock = threading.Lock()
         self._opened: ObjectStore | None = None
         self._signer = signer
+        self._marks: MarkStore | None = None
         self._interval = default_interval
 
     def store(self) -> ObjectStore:
@@ -268,8 +255,13 @@ class View:
                 elif store is not None:
                     self._opened = store()
                 else:
-                    self._opened, self._signer = configured_store()
+                    self._opened, self._signer, self._marks = configured_store()
             return self._opened
+
+    def marks(self) -> MarkStore | None:
+        """The configured store's high-water marks (none for a store given to the app)."""
+        self.store()
+        return self._marks
 
     def signer(self) -> HeadSigner | None:
         """The head signing policy of the store (the configured one's, else what the app was given)."""
@@ -300,6 +292,7 @@ class View:
             base=base,
             default_interval=self.interval(),
             signer=self.signer(),
+            marks=self.marks(),
         )
         return self.redactor(viewer).data(listing)
 
@@ -317,6 +310,7 @@ class View:
                 default_interval=self.interval(),
                 bounds=self.bounds,
                 signer=self.signer(),
+                marks=self.marks(),
             )
             return self.redactor(viewer).data(tab), context
 
@@ -443,7 +437,9 @@ class View:
 
         def load() -> HeadRecord | None:
             try:
-                return HeadStore(store=self.store(), identity=identity, signer=self.signer()).load()[0]
+                return HeadStore(
+                    store=self.store(), identity=identity, signer=self.signer(), marks=self.marks()
+                ).load()[0]
             except StatefulError as exc:  # a corrupt or forged head: say so, as the page's error rows do
                 detail = self.redactor(viewer).text(f"{type(exc).__name__}: {exc}")
                 raise HTTPException(status_code=500, detail=detail) from None

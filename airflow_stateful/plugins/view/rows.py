@@ -24,6 +24,7 @@ from urllib.parse import quote
 from airflow_stateful.core.data.transfer_progress import human_bytes
 from airflow_stateful.core.fleet.catalog import HeadRead, list_identities, read_heads
 from airflow_stateful.core.fleet.status import work_status
+from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
@@ -294,6 +295,7 @@ def collect(
     default_interval: timedelta = EXPECTED_CHECKPOINT_INTERVAL,
     monotonic: Callable[[], float] = time.monotonic,
     signer: HeadSigner | None,
+    marks: MarkStore | None = None,
 ) -> Listing:
     """Read the head of each identity under ``prefixes`` that ``may_read`` allows, within ``bounds``.
 
@@ -307,7 +309,7 @@ def collect(
     entries: list[Entry] = []
     truncated: str | None = None
     try:
-        for read in read_heads(store, listed, signer=signer):
+        for read in read_heads(store, listed, signer=signer, marks=marks):
             if read.head is None and read.error is None:
                 continue  # no head: objects without state (gc removes them), as before the delimited listing
             entries.append(_entry(read, now=now, base=base, default_interval=default_interval))

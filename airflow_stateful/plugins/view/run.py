@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from airflow_stateful.core.fleet.catalog import list_identities, read_heads
 from airflow_stateful.core.fleet.status import work_status
+from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.records.identity import RUN_SCOPE, Identity, encode_segment
 from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.stores.base import CommonPrefix, ObjectStore
@@ -43,6 +44,7 @@ def dag_run_tab(
     bounds: Bounds,
     root: str,
     signer: HeadSigner | None,
+    marks: MarkStore | None = None,
 ) -> TabView:
     """Every stateful task instance of one DAG run: each identity under ``<dag>/<task>/run=<run_id>/`` and the
     named identities this run works on, with status, newest checkpoint and outputs count."""
@@ -65,12 +67,19 @@ def dag_run_tab(
                 for i in list_identities(store, f"{folder}{scope}", on_entry=budget.count)
                 if _in_run(i, run_id)
             ]
-            for read in read_heads(store, run_ids, signer=signer):
+            for read in read_heads(store, run_ids, signer=signer, marks=marks):
                 if read.head is not None or read.error is not None:
                     found.append(Found(read.identity, read, "its key names this run"))
             found.extend(
                 named_matches(
-                    store, folder, map_index=None, run_id=run_id, budget=budget, notes=notes, signer=signer
+                    store,
+                    folder,
+                    map_index=None,
+                    run_id=run_id,
+                    budget=budget,
+                    notes=notes,
+                    signer=signer,
+                    marks=marks,
                 )
             )
     except Stop as stop:

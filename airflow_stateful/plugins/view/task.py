@@ -27,6 +27,7 @@ from urllib.parse import quote
 from airflow_stateful.core.data.transfer_progress import human_bytes
 from airflow_stateful.core.fleet.catalog import HeadRead, list_identities, read_head, read_heads
 from airflow_stateful.core.fleet.status import WorkStatus, work_status
+from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.records.cursors import cursor_rows, cursors_to_json, read_cursors
 from airflow_stateful.core.records.cursors import items_done as cursors_items_done
 from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
@@ -136,6 +137,7 @@ def named_matches(
     budget: Budget,
     notes: list[str],
     signer: HeadSigner | None,
+    marks: MarkStore | None = None,
 ) -> Iterator[Found]:
     """The named identities in task folder ``folder`` (``<dag>/<task>/``) whose lease holder works on
     ``run_id`` or whose newest checkpoint ``run_id`` wrote; of map index ``map_index`` unless it is None."""
@@ -152,7 +154,7 @@ def named_matches(
         budget.count()
         candidates.append(identity)
     unreadable = 0
-    for read in read_heads(store, candidates, signer=signer):
+    for read in read_heads(store, candidates, signer=signer, marks=marks):
         head = read.head
         if head is None:
             unreadable += read.error is not None
@@ -188,6 +190,7 @@ def task_instance_tab(
     default_interval: timedelta,
     bounds: Bounds,
     signer: HeadSigner | None,
+    marks: MarkStore | None = None,
 ) -> TabView:
     """The identities of one task instance (its run identity, and the named ones this run works on), each with
     its status, lease, kept history, committed outputs and progress chart."""
@@ -196,14 +199,21 @@ def task_instance_tab(
     found: list[Found] = []
     notes: list[str] = []
     truncated = None
-    read = read_head(store, run_identity, signer=signer)
+    read = read_head(store, run_identity, signer=signer, marks=marks)
     if read.head is not None or read.error is not None:
         found.append(Found(run_identity, read, "its key names this run"))
     folder = f"{encode_segment(dag_id)}/{encode_segment(task_id)}/"
     try:
         found.extend(
             named_matches(
-                store, folder, map_index=map_index, run_id=run_id, budget=budget, notes=notes, signer=signer
+                store,
+                folder,
+                map_index=map_index,
+                run_id=run_id,
+                budget=budget,
+                notes=notes,
+                signer=signer,
+                marks=marks,
             )
         )
     except Stop as stop:
