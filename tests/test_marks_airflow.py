@@ -108,3 +108,45 @@ def test_a_task_refuses_a_signed_head_written_back_after_a_newer_run(
         store=store, identity=identity, signer=HeadSigner(key=KEY.encode(), key_id="prod-1")
     )
     assert unmarked.latest().value == {"n": 1}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", ["poke", "deferrable"])
+def test_a_sensor_waiting_on_an_identity_refuses_a_head_written_back(
+    mode: str, signing: None, dags_folder: Path, tmp_path: Path
+) -> None:
+    """A sensor (and, deferred, its trigger: through the Task SDK channel ``dag.test()``'s inline trigger run
+    offers) fails on a written-back head instead of judging its condition on the older state."""
+    from test_sensors import Background, task_state, write_sensor_dag
+    from test_sensors import run_dag as run_sensor_dag
+
+    from airflow_stateful.hooks.state import StateHook
+
+    identity = Identity.for_task(dag_id="producer", task_id="export", name=f"orders-{mode}")
+    writer = StateHook().checkpoint_store(identity)  # signs, and raises the mark (the metadata database's)
+    lease = writer.acquire()
+    writer.commit(lease, {"rows": 1})
+    store = writer.store
+    head_key = f"{identity.key}/~head.json"
+    kept = store.get(head_key).data
+    writer.commit(lease, {"rows": 2})
+    how = "deferrable=True" if mode == "deferrable" else 'mode="poke"'
+    dag_file = write_sensor_dag(
+        dags_folder,
+        tmp_path,
+        f"""RecordingCheckpointSensor(
+                task_id="wait", identity="{identity.key}", min_seq=5,
+                {how}, poke_interval=0.2, timeout=30, on_failure_callback=on_failure,
+            )""",
+    )
+
+    def rollback() -> None:
+        dag_file.first_poke_run_id()  # the head was the newest for the first check
+        store.put(head_key, kept)
+
+    thread = Background(rollback)
+    thread.start()
+    run = run_sensor_dag(dag_file)
+    thread.finish()
+    assert task_state(run, "wait") == "failed"
+    [failure] = dag_file.failures()
+    assert "below the newest this deployment wrote" in failure[2], failure
