@@ -131,6 +131,7 @@ STACK_MODULES = {
     "test_distributed.py",
     "test_e2e_stack.py",
     "test_e2e_lifetimes.py",
+    "test_marks_triggerer.py",
     "test_ui_auth.py",
 }
 """Modules that start a whole Airflow deployment (api-server, schedulers, workers, PostgreSQL, Redis). Under
