@@ -76,9 +76,10 @@ def test_a_task_refuses_a_signed_head_written_back_after_a_newer_run(
     assert task_instance(third, "count").try_number == 1
     assert [row[1] for row in dag_file.rows()] == [1, 2], "no try ran on the older state"
     assert store.get(head_key).data == kept, "nothing was committed on top of it"
-    with pytest.raises(Exception, match="below the newest this deployment wrote"):
-        from airflow_stateful.hooks.state import StateHook
+    from airflow_stateful.core.protocol.marks import RolledBackError
+    from airflow_stateful.hooks.state import StateHook
 
+    with pytest.raises(RolledBackError, match="below the newest this deployment wrote"):
         StateHook().checkpoint_store(identity).latest()
     # The CLI, where Airflow's metadata database is (a scheduler host), checks the marks too.
     from airflow_stateful.cli.main import main
@@ -116,8 +117,7 @@ def test_a_sensor_waiting_on_an_identity_refuses_a_head_written_back(
 ) -> None:
     """A sensor (and, deferred, its trigger: through the Task SDK channel ``dag.test()``'s inline trigger run
     offers) fails on a written-back head instead of judging its condition on the older state."""
-    from test_sensors import Background, task_state, write_sensor_dag
-    from test_sensors import run_dag as run_sensor_dag
+    from test_sensors import run_sensor_changing_the_head, task_state
 
     from airflow_stateful.hooks.state import StateHook
 
@@ -129,24 +129,13 @@ def test_a_sensor_waiting_on_an_identity_refuses_a_head_written_back(
     head_key = f"{identity.key}/~head.json"
     kept = store.get(head_key).data
     writer.commit(lease, {"rows": 2})
-    how = "deferrable=True" if mode == "deferrable" else 'mode="poke"'
-    dag_file = write_sensor_dag(
+    dag_file, run = run_sensor_changing_the_head(
         dags_folder,
         tmp_path,
-        f"""RecordingCheckpointSensor(
-                task_id="wait", identity="{identity.key}", min_seq=5,
-                {how}, poke_interval=0.2, timeout=30, on_failure_callback=on_failure,
-            )""",
+        identity,
+        mode,
+        lambda: store.put(head_key, kept),  # written back
     )
-
-    def rollback() -> None:
-        dag_file.first_poke_run_id()  # the head was the newest for the first check
-        store.put(head_key, kept)
-
-    thread = Background(rollback)
-    thread.start()
-    run = run_sensor_dag(dag_file)
-    thread.finish()
     assert task_state(run, "wait") == "failed"
     [failure] = dag_file.failures()
     assert "below the newest this deployment wrote" in failure[2], failure

@@ -687,6 +687,32 @@ def test_missing_bucket_fails_the_sensor_with_its_name(
     assert dag_file.pokes() == [], "no poke ever answered"
 
 
+def run_sensor_changing_the_head(
+    folder: Path, tmp_path: Path, identity: Identity, mode: str, change: Callable[[], None]
+) -> tuple[SensorDag, Any]:
+    """Run a sensor waiting for seq 5 of ``identity`` (``mode``: ``poke`` or ``deferrable``); ``change`` runs
+    in another thread once the sensor's first check has seen the head as it was. The DAG file and the run."""
+    how = "deferrable=True" if mode == "deferrable" else 'mode="poke"'
+    dag_file = write_sensor_dag(
+        folder,
+        tmp_path,
+        f"""RecordingCheckpointSensor(
+                task_id="wait", identity="{identity.key}", min_seq=5,
+                {how}, poke_interval=0.2, timeout=30, on_failure_callback=on_failure,
+            )""",
+    )
+
+    def after_the_first_check() -> None:
+        dag_file.first_poke_run_id()
+        change()
+
+    thread = Background(after_the_first_check)
+    thread.start()
+    run = run_dag(dag_file)
+    thread.finish()
+    return dag_file, run
+
+
 @pytest.mark.airflow
 @pytest.mark.s3
 @pytest.mark.parametrize("mode", ["poke", "deferrable"])
@@ -695,24 +721,9 @@ def test_corrupt_head_fails_the_sensor_clearly(
 ) -> None:
     identity = Identity.for_task(dag_id="producer", task_id="export", name="orders")
     commit_values(s3_checkpoints(s3_endpoint, s3_prefix, identity), [{"rows": 1}], pause=0)
-    how = "deferrable=True" if mode == "deferrable" else 'mode="poke"'
-    dag_file = write_sensor_dag(
-        dags_folder,
-        tmp_path,
-        f"""RecordingCheckpointSensor(
-                task_id="wait", identity="{identity.key}", min_seq=5,
-                {how}, poke_interval=0.2, timeout=30, on_failure_callback=on_failure,
-            )""",
+    dag_file, run = run_sensor_changing_the_head(
+        dags_folder, tmp_path, identity, mode, lambda: corrupt_head(s3_endpoint, s3_prefix, identity)
     )
-
-    def vandal() -> None:
-        dag_file.first_poke_run_id()  # the head was fine for the first check
-        corrupt_head(s3_endpoint, s3_prefix, identity)
-
-    thread = Background(vandal)
-    thread.start()
-    run = run_dag(dag_file)
-    thread.finish()
     assert task_state(run, "wait") == "failed"
     [failure] = dag_file.failures()
     assert failure[1] == "CheckpointSensorError", failure

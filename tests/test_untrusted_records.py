@@ -465,42 +465,36 @@ def test_a_name_with_a_trailing_newline_is_refused(check: Any, good: str) -> Non
 
 
 # -- sizes are bounded by what the format can hold (issue 23, LOW 8) --------------------------------------------
-def test_a_chunk_larger_than_any_writer_cuts_is_refused_when_the_tree_is_read(
-    store: ObjectStore, tmp_path: Path
+def _one_huge_chunk(tree: dict[str, Any]) -> None:
+    tree["files"][0]["chunks"][0]["size"] = 1 << 40
+    tree["files"][0]["size"] = 1 << 40
+
+
+def _a_petabyte_file(tree: dict[str, Any]) -> None:
+    chunk = tree["files"][0]["chunks"][0]
+    tree["files"][0]["chunks"] = [{**chunk, "size": 1 << 40} for _ in range(1024)]
+    tree["files"][0]["size"] = 1 << 50
+
+
+@pytest.mark.parametrize(
+    ("inflate", "refused"),
+    [
+        # A download holds one chunk in memory: a tree may not claim one larger than the chunker ever cuts.
+        pytest.param(_one_huge_chunk, r"chunk 0.*'size'.*an integer from 0 to 4194304", id="a 1 TiB chunk"),
+        # 1,024 chunks of 1 TiB made a 1 PiB file whose staging file the restore sized first: "OSError: File too
+        # large", which reads like a disk problem.
+        pytest.param(_a_petabyte_file, r"~trees/.*'size'", id="a 1 PiB file"),
+    ],
+)
+def test_a_forged_size_is_refused_before_the_restore_allocates_or_writes_anything(
+    store: ObjectStore, tmp_path: Path, inflate: Any, refused: str
 ) -> None:
-    """A download holds one chunk in memory: a tree may not claim a chunk larger than the chunker ever cuts."""
     seed(store, tmp_path)
-
-    def inflate(tree: dict[str, Any]) -> None:
-        tree["files"][0]["chunks"][0]["size"] = 1 << 40
-        tree["files"][0]["size"] = 1 << 40
-
     rewrite_latest_tree(store, IDENTITY, inflate)
     cs = CheckpointStore(store=store, identity=IDENTITY)
     latest = cs.latest()
     assert latest is not None
-    with pytest.raises(CheckpointCorruptError, match=r"chunk 0.*'size'.*an integer from 0 to 4194304"):
-        cs.restore_files(latest, tmp_path / "out")
-    assert not (tmp_path / "out").exists(), "nothing was written"
-
-
-def test_a_petabyte_tree_is_refused_before_the_restore_allocates_anything(
-    store: ObjectStore, tmp_path: Path
-) -> None:
-    """1,024 chunks of 1 TiB made a 1 PiB file whose staging file the restore sized first: ``OSError: File too
-    large``, which reads like a disk problem. It is a forged tree: refused naming its key and field."""
-    seed(store, tmp_path)
-
-    def inflate(tree: dict[str, Any]) -> None:
-        chunk = tree["files"][0]["chunks"][0]
-        tree["files"][0]["chunks"] = [{**chunk, "size": 1 << 40} for _ in range(1024)]
-        tree["files"][0]["size"] = 1 << 50
-
-    rewrite_latest_tree(store, IDENTITY, inflate)
-    cs = CheckpointStore(store=store, identity=IDENTITY)
-    latest = cs.latest()
-    assert latest is not None
-    with pytest.raises(CheckpointCorruptError, match=r"~trees/.*'size'"):
+    with pytest.raises(CheckpointCorruptError, match=refused):
         cs.restore_files(latest, tmp_path / "out")
     assert not (tmp_path / "out").exists(), "nothing was written"
 

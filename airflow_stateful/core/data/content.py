@@ -12,6 +12,7 @@ this module imports nothing from that layer.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import logging
 import os
@@ -407,45 +408,31 @@ class ContentStore:
             self.output_files(manifest, name)  # raises, naming the outputs it has
         target = Path(dest) / name
         label = f"output {name!r} of {self.identity}"
-        what = f"output {name!r} of checkpoint"
+        restore = functools.partial(
+            restore_tree_files,
+            self,
+            where=label,
+            label=label,
+            seq=manifest.seq,
+            what=f"output {name!r} of checkpoint",
+            cache=cache,
+            shared_dest=shared_dest,
+            prepared=True,  # just below, for the path the mode applies to
+        )
         if record is not None and record.kind == "directory":
             # Restored into its own path, so the mode's check and exact's clean-up apply there and only there.
             check_restore_directory(target)
             check_destination(Path(dest), shared_dest=shared_dest)
             # Before the outputs tree is read: "empty" refuses before any download.
             restore_prepare(target, mode, shared_dest=shared_dest)
-            files = self.output_files(manifest, name)
-            return restore_tree_files(
-                self,
-                files,
-                target,
-                where=label,
-                label=label,
-                seq=manifest.seq,
-                mode=mode,
-                what=what,
-                cache=cache,
-                shared_dest=shared_dest,
-            )
+            return restore(self.output_files(manifest, name), target, mode=mode)
         # A single file: "empty" refuses an existing one; otherwise it is replaced and nothing else in dest is
         # touched (a merge of one file is exactly that).
         restore_prepare(Path(dest), MERGE, shared_dest=shared_dest)
         if mode == EMPTY:
             refuse_unless_empty(target)
-        files = self.output_files(manifest, name)
-        placed = [replace(f, path=name) for f in files]
-        result = restore_tree_files(
-            self,
-            placed,
-            dest,
-            where=label,
-            label=label,
-            seq=manifest.seq,
-            mode=MERGE,
-            what=what,
-            cache=cache,
-            shared_dest=shared_dest,
-        )
+        placed = [replace(f, path=name) for f in self.output_files(manifest, name)]
+        result = restore(placed, dest, mode=MERGE)
         return replace(result, mode=mode, dest=target)
 
     # -- restores ----------------------------------------------------------------------------------------------

@@ -110,6 +110,7 @@ def restore_files(
         mode=mode,
         cache=cache,
         shared_dest=shared_dest,
+        prepared=True,
     )
 
 
@@ -137,11 +138,13 @@ def restore_tree_files(
     what: str = "checkpoint",
     cache: ChunkCache | None = None,
     shared_dest: bool = False,
+    prepared: bool = False,
 ) -> RestoreResult:
     """Download ``files`` (tree entries: relative path, size, chunks) into ``dest``, verified, all or nothing.
 
     A checkpoint's tree, or a published output's files. ``where`` names the record in errors, ``label`` what is
-    restored in progress lines, ``what`` in the result's log line; ``mode`` is the restore mode."""
+    restored in progress lines, ``what`` in the result's log line; ``mode`` is the restore mode. ``prepared``:
+    the caller already ran :func:`prepare` on ``dest`` (its checks and recovery are not run twice)."""
 
     def fetch(rels: list[PurePosixPath], incoming: Path, progress: TransferProgress | None) -> None:
         download_files(
@@ -166,6 +169,7 @@ def restore_tree_files(
         mode=check_mode(mode),
         what=what,
         shared_dest=shared_dest,
+        prepared=prepared,
     )
 
 
@@ -182,13 +186,15 @@ def _restore(
     mode: str,
     what: str = "checkpoint",
     shared_dest: bool = False,
+    prepared: bool = False,
 ) -> RestoreResult:
     """What every restore does around its downloads: undo an interrupted restore into ``dest``, apply the mode's
     check, check the paths, let ``fetch`` download and verify every file into a staging directory, then swap
     them in all or nothing (in mode ``"exact"`` moving out what the checkpoint does not have), and report the
     restore. ``fetch(rels, incoming, progress)`` writes each ``incoming / rel``."""
     started = time.monotonic()
-    prepare(dest, mode, shared_dest=shared_dest)
+    if not prepared:
+        prepare(dest, mode, shared_dest=shared_dest)
     dest.mkdir(mode=0o700, parents=True, exist_ok=True)
     rels = [safe_relative(path, manifest_key=where) for path in paths]
     check_distinct_paths(rels, manifest_key=where)

@@ -59,6 +59,16 @@ class Download:
     sha256: str
     progress: ProgressCallback | None = None
 
+    def _verified(self) -> dict[str, Any]:
+        """What the bytes are checked against before ``dest`` appears (named in errors as this object)."""
+        return {
+            "key": self.key,
+            "where": self.url,
+            "size": self.size,
+            "sha256": self.sha256,
+            "progress": self.progress,
+        }
+
     def whole(self) -> None:
         """Download with one GET."""
         for attempt in range(1, READ_ATTEMPTS + 1):
@@ -67,15 +77,7 @@ class Download:
             except Exception as exc:
                 raise self.translate(exc, self.key) from exc
             try:
-                copy_verified(
-                    body,
-                    self.dest,
-                    key=self.key,
-                    where=self.url,
-                    size=self.size,
-                    sha256=self.sha256,
-                    progress=self.progress,
-                )
+                copy_verified(body, self.dest, **self._verified())
             except CheckpointCorruptError:
                 # Wrong bytes twice are the object's; once may be the way (a body cut short under a
                 # rewritten length, from an endpoint that sends no checksum): read it again first.
@@ -122,19 +124,12 @@ class Download:
                 return data
             raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
-        ranges = [(start, min(start + part_size, self.size) - 1) for start in range(0, self.size, part_size)]
+        # Produced as they are sent, never listed up front: a large file has many ranges.
+        todo = ((start, min(start + part_size, self.size) - 1) for start in range(0, self.size, part_size))
         pending: deque[Future[bytes]] = deque()
         pool = executor()
         try:
-            with VerifiedFileWriter(
-                self.dest,
-                key=self.key,
-                where=self.url,
-                size=self.size,
-                sha256=self.sha256,
-                progress=self.progress,
-            ) as writer:
-                todo = iter(ranges)
+            with VerifiedFileWriter(self.dest, **self._verified()) as writer:
                 for start, end in todo:
                     pending.append(pool.submit(fetch, start, end))
                     if len(pending) >= max_concurrency:
