@@ -168,7 +168,8 @@ class SeaweedServer:
             endpoint_url=self.endpoint_url,
             region_name="us-east-1",
             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
-            **self.credentials,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
         )
 
     def _wait_ready(self, timeout: float) -> None:
