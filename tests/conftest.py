@@ -39,7 +39,7 @@ os.environ["AIRFLOW__STATEFUL__BACKEND_URL"] = (_AIRFLOW_HOME / "stateful").as_u
 os.environ["AIRFLOW__STATEFUL__RESTORE_CACHE_DIR"] = str(_AIRFLOW_HOME / "restore-cache")
 os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
 
-from s3_endpoint import S3Endpoint, s3_endpoint_from_env  # noqa: E402
+from s3_endpoint import STARTED, S3Endpoint, s3_endpoint_from_env, started_endpoint  # noqa: E402
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -47,9 +47,28 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[S3Endpoint]:
+def main_s3_endpoint() -> Iterator[S3Endpoint]:
+    """The session's S3 endpoint: moto's server unless ``STATEFUL_TEST_S3_ENDPOINT`` names another."""
     with s3_endpoint_from_env() as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_endpoint(main_s3_endpoint: S3Endpoint) -> Iterator[S3Endpoint]:
+    """SeaweedFS, a real S3 server the suite starts (once per worker, on first use): the main endpoint itself
+    when that already is SeaweedFS."""
+    if main_s3_endpoint.kind == "seaweedfs":
+        yield main_s3_endpoint
+        return
+    with started_endpoint("seaweedfs") as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_endpoint(main_s3_endpoint: S3Endpoint) -> S3Endpoint:
+    """The endpoint an S3 test talks to. A module that must hold on every server overrides this fixture with
+    :func:`s3_endpoint.both_servers` parameters (see tests/contract/test_s3_contract.py)."""
+    return main_s3_endpoint
 
 
 @pytest.fixture
@@ -57,7 +76,7 @@ def s3_prefix(s3_endpoint: S3Endpoint) -> Iterator[str]:
     """A fresh key prefix per test; objects under it are removed afterwards on endpoints we do not own."""
     prefix = s3_endpoint.new_prefix()
     yield prefix
-    if s3_endpoint.kind != "moto":
+    if s3_endpoint.kind not in STARTED:
         store = s3_endpoint.store(prefix)
         store.delete_many([info.key for info in store.list_objects("")])
 

@@ -5,6 +5,10 @@ at a time so that its conditional writes are atomic as on S3 and the compare-and
 (tests/test_moto_atomicity.py shows moto's own threaded server losing updates; serializing it costs about
 2 s on the S3 contract suite). ``STATEFUL_TEST_MOTO_THREADED=1`` starts moto threaded instead; the races then
 skip.
+``STATEFUL_TEST_S3_ENDPOINT=seaweedfs`` runs them all on SeaweedFS instead, a real S3 server from the package
+index that the suite starts itself (``make test-s3-real``); some suites (the S3 contract suite, the crash-resume
+on a real stack, the short kill soak and zombie storm) run on both servers in every run, through
+:func:`both_servers`. Tests that need moto (its KMS and STS, its fault hooks) say so when they skip elsewhere.
 ``STATEFUL_TEST_S3_ENDPOINT=<url>`` (or ``aws``) points the same tests at MinIO or AWS instead, with
 ``STATEFUL_TEST_S3_ACCESS_KEY_ID`` / ``STATEFUL_TEST_S3_SECRET_ACCESS_KEY`` (else boto3's standard chain),
 ``STATEFUL_TEST_S3_REGION`` (default us-east-1) and ``STATEFUL_TEST_S3_BUCKET`` (an existing bucket; default:
@@ -21,15 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
+import pytest
 from botocore.config import Config
 
 from airflow_stateful.core.stores.s3 import S3ObjectStore
 from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer
+from airflow_stateful.testing.seaweedfs import SeaweedServer
 
 
 @dataclass
 class S3Endpoint:
-    kind: str  # "moto", "minio" or "external"
+    kind: str  # "moto", "seaweedfs", "minio" or "external"
     endpoint_url: str | None
     region: str
     bucket: str
@@ -40,7 +46,7 @@ class S3Endpoint:
     @property
     def atomic_cas(self) -> bool:
         """Threaded moto checks If-Match without a lock, so two concurrent writers can both win a CAS: the
-        race tests skip there. Serialized moto, MinIO and S3 make conditional writes atomic."""
+        race tests skip there. Serialized moto, SeaweedFS, MinIO and S3 make conditional writes atomic."""
         return self.kind != "moto" or self.serialized
 
     def options(self) -> dict[str, Any]:
@@ -102,25 +108,61 @@ def _minio() -> Iterator[tuple[str, dict[str, str]]]:
         container.stop()
 
 
+#: The values of ``STATEFUL_TEST_S3_ENDPOINT`` that name a server the suite starts itself.
+STARTED = ("moto", "seaweedfs")
+
+
+def main_kind() -> str:
+    """What the session's main endpoint is: ``moto`` (the default), ``seaweedfs``, ``minio`` or ``external``."""
+    url = os.environ.get("STATEFUL_TEST_S3_ENDPOINT", "")
+    if url in STARTED:
+        return url
+    if url:
+        return "external"
+    return "minio" if os.environ.get("STATEFUL_TEST_MINIO") == "1" else "moto"
+
+
+def both_servers() -> list[str]:
+    """The servers a suite that must hold on every S3 implementation runs on: the session's main endpoint and
+    SeaweedFS (once, when the main endpoint already is SeaweedFS)."""
+    return ["main"] if main_kind() == "seaweedfs" else ["main", "seaweedfs"]
+
+
+def on_both_servers() -> Any:
+    """A ``s3_endpoint`` fixture for a module whose tests must hold on every S3 implementation: each test runs
+    on the session's main endpoint and on SeaweedFS (ids ``[main]`` and ``[seaweedfs]``). Use as
+    ``s3_endpoint = on_both_servers()`` at module level."""
+
+    @pytest.fixture(params=both_servers())
+    def s3_endpoint(request: pytest.FixtureRequest) -> S3Endpoint:
+        name = "main_s3_endpoint" if request.param == "main" else "seaweedfs_endpoint"
+        endpoint: S3Endpoint = request.getfixturevalue(name)
+        return endpoint
+
+    return s3_endpoint
+
+
+def needs_moto(endpoint: S3Endpoint, why: str) -> None:
+    """Skip, saying why, a test that only moto can serve (a made-up KMS key or account, moto's fault hooks)."""
+    if endpoint.kind != "moto":
+        pytest.skip(f"needs moto's server, not {endpoint.kind}: {why}")
+
+
 @contextlib.contextmanager
-def s3_endpoint_from_env() -> Iterator[S3Endpoint]:
+def started_endpoint(kind: str, *, serialized: bool = True) -> Iterator[S3Endpoint]:
+    """A server the suite starts itself, on 127.0.0.1, with a new bucket: ``moto`` or ``seaweedfs``."""
     region = os.environ.get("STATEFUL_TEST_S3_REGION", "us-east-1")
-    given_bucket = os.environ.get("STATEFUL_TEST_S3_BUCKET")
     with contextlib.ExitStack() as stack:
-        url = os.environ.get("STATEFUL_TEST_S3_ENDPOINT")
-        if url:
+        if kind == "seaweedfs":
+            weed = stack.enter_context(SeaweedServer.start())
             endpoint = S3Endpoint(
-                kind="external",
-                endpoint_url=None if url == "aws" else url,
+                kind="seaweedfs",
+                endpoint_url=weed.endpoint_url,
                 region=region,
-                bucket=given_bucket or "",
-                credentials=_credentials_from_env(),
+                bucket="",
+                credentials=weed.credentials,
             )
-        elif os.environ.get("STATEFUL_TEST_MINIO") == "1":
-            url, creds = stack.enter_context(_minio())
-            endpoint = S3Endpoint(kind="minio", endpoint_url=url, region=region, bucket="", credentials=creds)
-        else:
-            serialized = os.environ.get("STATEFUL_TEST_MOTO_THREADED") != "1"
+        elif kind == "moto":
             server = stack.enter_context(MotoServer.start(serialized=serialized))
             endpoint = S3Endpoint(
                 kind="moto",
@@ -133,19 +175,53 @@ def s3_endpoint_from_env() -> Iterator[S3Endpoint]:
                 },
                 serialized=serialized,
             )
-        created = False
-        if not endpoint.bucket:
-            endpoint.bucket = f"stateful-test-{uuid.uuid4().hex[:10]}"
-            kwargs: dict[str, Any] = {}
-            if region != "us-east-1":
-                kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
-            endpoint.client().create_bucket(Bucket=endpoint.bucket, **kwargs)
-            created = True
-        try:
+        else:
+            raise ValueError(f"the suite starts moto or seaweedfs, not {kind!r}")
+        yield stack.enter_context(_with_bucket(endpoint))
+
+
+@contextlib.contextmanager
+def s3_endpoint_from_env() -> Iterator[S3Endpoint]:
+    region = os.environ.get("STATEFUL_TEST_S3_REGION", "us-east-1")
+    given_bucket = os.environ.get("STATEFUL_TEST_S3_BUCKET")
+    kind = main_kind()
+    if kind in STARTED:
+        serialized = os.environ.get("STATEFUL_TEST_MOTO_THREADED") != "1"
+        with started_endpoint(kind, serialized=serialized) as endpoint:
             yield endpoint
-        finally:
-            if created and endpoint.kind != "moto":
-                _empty_and_delete(endpoint)
+        return
+    with contextlib.ExitStack() as stack:
+        url = os.environ.get("STATEFUL_TEST_S3_ENDPOINT")
+        if url:
+            endpoint = S3Endpoint(
+                kind="external",
+                endpoint_url=None if url == "aws" else url,
+                region=region,
+                bucket=given_bucket or "",
+                credentials=_credentials_from_env(),
+            )
+        else:
+            url, creds = stack.enter_context(_minio())
+            endpoint = S3Endpoint(kind="minio", endpoint_url=url, region=region, bucket="", credentials=creds)
+        yield stack.enter_context(_with_bucket(endpoint))
+
+
+@contextlib.contextmanager
+def _with_bucket(endpoint: S3Endpoint) -> Iterator[S3Endpoint]:
+    """Create a bucket unless one was given; remove it afterwards unless the server goes away with it."""
+    created = False
+    if not endpoint.bucket:
+        endpoint.bucket = f"stateful-test-{uuid.uuid4().hex[:10]}"
+        kwargs: dict[str, Any] = {}
+        if endpoint.region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": endpoint.region}
+        endpoint.client().create_bucket(Bucket=endpoint.bucket, **kwargs)
+        created = True
+    try:
+        yield endpoint
+    finally:
+        if created and endpoint.kind not in STARTED:
+            _empty_and_delete(endpoint)
 
 
 def _empty_and_delete(endpoint: S3Endpoint) -> None:

@@ -1,4 +1,5 @@
-"""The contract suites on S3 over HTTP: moto's server by default, MinIO or AWS when configured."""
+"""The contract suites on S3 over HTTP, on two servers in every run: the session's main endpoint (moto's server
+by default; MinIO or AWS when configured) and SeaweedFS, a real S3 server the suite starts itself."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from s3_endpoint import S3Endpoint
+from s3_endpoint import S3Endpoint, on_both_servers
 
 from airflow_stateful.core import CheckpointStore, Identity
 from airflow_stateful.core.stores.s3 import S3ObjectStore
@@ -17,11 +18,14 @@ from contract.object_store_contract import ObjectStoreContract
 
 pytestmark = pytest.mark.s3
 
+s3_endpoint = on_both_servers()
+
 
 @pytest.fixture
 def store(s3_endpoint: S3Endpoint, s3_prefix: str) -> Iterator[S3ObjectStore]:
-    # 5 MiB parts so the multipart paths run on test-sized files.
-    with s3_endpoint.store(s3_prefix, part_size=5 * 1024 * 1024) as store:
+    # 5 MiB parts so the multipart paths run on test-sized files; 2 keys per listing page so every listing
+    # crosses pages (where SeaweedFS's order departs from S3's).
+    with s3_endpoint.store(s3_prefix, part_size=5 * 1024 * 1024, list_page_size=2) as store:
         yield store
 
 

@@ -38,8 +38,9 @@ the time per head is moto's CPU (3.5 ms a GET), on S3 it is the round trip, whic
 
 _HEAD_SUFFIX = f"/{HEAD_NAME}"
 _NOT_AN_IDENTITY = "~"
-"""Every identity key sorts before this (its characters are letters, digits and ``._%=+-``): a listing that
-reaches it (the library's ``~task-state/`` and ``~asset-state/`` documents, anything non-ASCII) can stop."""
+"""Every identity key sorts before this (its characters are letters, digits and ``._%=+-``): an entry at or past
+it (the library's ``~task-state/`` and ``~asset-state/`` documents, anything non-ASCII) is no identity's. They
+are skipped, not taken as the end of the listing: not every server lists in byte order (SeaweedFS does not)."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -48,7 +49,8 @@ R = TypeVar("R")
 def list_identities(
     store: ObjectStore, prefix: str = "", *, on_entry: Callable[[], None] | None = None
 ) -> Iterator[Identity]:
-    """The identities whose key starts with ``prefix``, in key order, from one delimited listing.
+    """The identities whose key starts with ``prefix``, from one delimited listing, in the store's listing order
+    (key order on S3 and the local store; see :meth:`~airflow_stateful.core.stores.base.ObjectStore.list_objects`).
 
     An identity is listed when any object of its own lies under ``<identity>/~``: one whose head was deleted
     (an orphan, or a purge in progress) is listed too, and its head read says so. Keys that are not valid
@@ -67,12 +69,9 @@ def list_identities(
             # ``prefix`` ends inside ``<identity>/~``, past where the delimiter could roll it up.
             key = entry.key[: -len(_HEAD_SUFFIX)]
         else:
-            key = entry.key
-            if key >= _NOT_AN_IDENTITY:
-                return
-            continue
+            continue  # an object no identity owns
         if key >= _NOT_AN_IDENTITY:
-            return
+            continue
         try:
             yield Identity.parse(key)
         except ValueError:

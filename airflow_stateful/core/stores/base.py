@@ -130,7 +130,12 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
-        """All objects whose key starts with ``prefix``, in lexicographic key order."""
+        """All objects whose key starts with ``prefix``, each exactly once, in the store's order.
+
+        S3 and the local store list in byte-wise key order, but S3-compatible servers need not: SeaweedFS lists
+        in directory-walk order (``a/b`` before ``a-b``), across pages too. No caller may depend on the order;
+        one that shows or compares listings sorts what it needs.
+        """
 
     def list_delimited(self, prefix: str, delimiter: str) -> Iterator[ObjectInfo | CommonPrefix]:
         """The objects under ``prefix`` with everything past a ``delimiter`` rolled up, as S3's ListObjectsV2
@@ -139,19 +144,22 @@ class ObjectStore(abc.ABC):
         For each key that starts with ``prefix``: if ``delimiter`` (any non-empty string, not only ``/``) occurs
         in the key after ``prefix``, the key up to and including its first such occurrence is a
         :class:`CommonPrefix`, listed once however many keys share it; otherwise the object itself is listed.
-        Entries come in byte-wise order of their key or prefix. Keys that share a common prefix are exactly
+        Entries come in the store's order (see :meth:`list_objects`: byte-wise on S3 and the local store, not on
+        every S3-compatible server). Keys that share a common prefix are exactly
         the keys that start with it, so a store can list a common prefix without listing its objects (S3 and
         the local store do); this default lists them all and rolls them up here.
         """
         if not delimiter:
             raise ValueError("the delimiter of a delimited listing must not be empty")
-        last = None
+        rolled_up: set[str] = (
+            set()
+        )  # the listing's order is the store's: a prefix's keys need not be adjacent
         for info in self.list_objects(prefix):
             cut = info.key.find(delimiter, len(prefix))
             if cut < 0:
                 yield info
-            elif (rolled := info.key[: cut + len(delimiter)]) != last:
-                last = rolled
+            elif (rolled := info.key[: cut + len(delimiter)]) not in rolled_up:
+                rolled_up.add(rolled)
                 yield CommonPrefix(rolled)
 
     @abc.abstractmethod

@@ -29,7 +29,7 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow_stateful.core.errors import PreconditionFailedError, StatefulError, StoreError
 from airflow_stateful.core.stores.base import (
@@ -43,6 +43,7 @@ from airflow_stateful.core.stores.base import (
 )
 from airflow_stateful.core.stores.s3_download import Download
 from airflow_stateful.core.stores.s3_errors import NOT_FOUND, READ_ATTEMPTS, transit_error, translate
+from airflow_stateful.core.stores.s3_listing import checked, delimited_pages
 from airflow_stateful.core.stores.s3_options import (
     botocore_config,
     check_assume_role,
@@ -55,6 +56,7 @@ from airflow_stateful.core.stores.s3_upload import MAX_PARTS, upload_multipart
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import PaginatorConfigTypeDef
 
 __all__ = ["MAX_PARTS", "MIB", "READ_ATTEMPTS", "S3ObjectStore"]
 
@@ -89,6 +91,8 @@ class S3ObjectStore(ObjectStore):
     :param expected_bucket_owner: the 12-digit account that must own the bucket; sent with every request.
     :param part_size: multipart part size; also the threshold above which files go multipart.
     :param max_concurrency: parts in flight at once, for uploads and downloads.
+    :param list_page_size: keys per ListObjectsV2 page (1-1,000; S3's maximum by default). Smaller pages only
+        cost requests; the tests use them to run every listing across page boundaries.
     """
 
     def __init__(
@@ -115,11 +119,16 @@ class S3ObjectStore(ObjectStore):
         expected_bucket_owner: str | None = None,
         part_size: int = 8 * MIB,
         max_concurrency: int = 4,
+        list_page_size: int = 1000,
     ) -> None:
         if part_size < 5 * MIB:
             raise ValueError(f"part_size must be at least 5 MiB (S3's minimum), not {part_size}")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
+        if not 1 <= list_page_size <= 1000:
+            raise ValueError(
+                f"list_page_size must be between 1 and 1000 (S3's maximum), not {list_page_size}"
+            )
         # Every option is checked before the client exists: bad input never reaches S3.
         self._owner: dict[str, Any] = dict(check_expected_bucket_owner(expected_bucket_owner))
         # Every write (PutObject, CreateMultipartUpload) carries both; every other request carries the owner.
@@ -134,6 +143,7 @@ class S3ObjectStore(ObjectStore):
         self.prefix = prefix.strip("/")
         self.part_size = part_size
         self.max_concurrency = max_concurrency
+        self.list_page_size = list_page_size
         self.endpoint_url = endpoint_url
         if client is None:
             from airflow_stateful.core.stores.s3_session import s3_client
@@ -328,12 +338,19 @@ class S3ObjectStore(ObjectStore):
         else:
             download.ranged(self._executor, part_size=self.part_size, max_concurrency=self.max_concurrency)
 
+    @property
+    def _pages(self) -> PaginatorConfigTypeDef:
+        return {"PageSize": self.list_page_size}
+
     def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        """ListObjectsV2, page by page, in the server's order: byte-wise on S3, directory-walk on SeaweedFS."""
         full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
         strip = len(self.prefix) + 1 if self.prefix else 0
         paginator = self.client.get_paginator("list_objects_v2")
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix, **self._owner):
+            for page in paginator.paginate(
+                Bucket=self.bucket, Prefix=full_prefix, PaginationConfig=self._pages, **self._owner
+            ):
                 for obj in page.get("Contents", []):
                     yield ObjectInfo(
                         key=obj["Key"][strip:], size=obj["Size"], last_modified=obj["LastModified"]
@@ -343,30 +360,32 @@ class S3ObjectStore(ObjectStore):
 
     def list_delimited(self, prefix: str, delimiter: str) -> Iterator[ObjectInfo | CommonPrefix]:
         """ListObjectsV2 with ``Delimiter``: a page holds up to 1,000 entries, objects and common prefixes
-        together, and a common prefix costs one entry however many objects it covers. S3 returns each page's
-        objects and prefixes in two lists; they are merged here into one key order."""
+        together, and a common prefix costs one entry however many objects it covers. Each page is merged into
+        key order; across pages the order is the server's (see :meth:`ObjectStore.list_objects`). The pages are
+        checked as they come (:mod:`~airflow_stateful.core.stores.s3_listing`): where a server's paging
+        contradicts itself, the listing goes on from the plain listing, rolled up here."""
         if not delimiter:
             raise ValueError("the delimiter of a delimited listing must not be empty")
         full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
         strip = len(self.prefix) + 1 if self.prefix else 0
         paginator = self.client.get_paginator("list_objects_v2")
         try:
-            for page in paginator.paginate(
-                Bucket=self.bucket, Prefix=full_prefix, Delimiter=delimiter, **self._owner
-            ):
-                entries: list[tuple[str, ObjectInfo | CommonPrefix]] = [
-                    (key, ObjectInfo(key=key, size=obj["Size"], last_modified=obj["LastModified"]))
-                    for obj in page.get("Contents", [])
-                    for key in (obj["Key"][strip:],)
-                ]
-                entries += [
-                    (rolled, CommonPrefix(rolled))
-                    for common in page.get("CommonPrefixes", [])
-                    for rolled in (common["Prefix"][strip:],)
-                ]
-                entries.sort(key=lambda entry: entry[0])
-                for _, entry in entries:
-                    yield entry
+            pages = paginator.paginate(
+                Bucket=self.bucket,
+                Prefix=full_prefix,
+                Delimiter=delimiter,
+                PaginationConfig=self._pages,
+                **self._owner,
+            )
+            yield from checked(
+                delimited_pages(iter(cast("Iterable[dict[str, Any]]", pages)), strip=strip),
+                delimiter=delimiter,
+                rolled_up=lambda: ObjectStore.list_delimited(self, prefix, delimiter),
+                where=f"{self.url}/{prefix}* (delimiter {delimiter!r})",
+                is_pagination_error=lambda exc: type(exc).__name__ == "PaginationError",
+            )
+        except StatefulError:
+            raise
         except Exception as exc:
             raise self._translate(exc, prefix) from exc
 
