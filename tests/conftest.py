@@ -106,8 +106,8 @@ def dags_folder(airflow_home: Path) -> Path:
 def s3_backend(s3_endpoint: S3Endpoint, s3_prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Point ``[stateful]`` at the S3 endpoint through an Airflow connection given by environment.
 
-    Yields a secret used as the connection's password on moto (which accepts any), so a test can assert it
-    never shows in a task log.
+    Yields the connection's password, so a test can assert it never shows in a task log: a recognisable
+    made-up secret on moto (which accepts any), the server's own secret elsewhere (random on SeaweedFS).
     """
     secret = f"do-not-log-{uuid.uuid4().hex}"
     extra = {"endpoint_url": s3_endpoint.endpoint_url, "region_name": s3_endpoint.region}
@@ -115,7 +115,7 @@ def s3_backend(s3_endpoint: S3Endpoint, s3_prefix: str, monkeypatch: pytest.Monk
     creds = s3_endpoint.credentials
     if creds:
         conn["login"] = creds["aws_access_key_id"]
-        conn["password"] = creds["aws_secret_access_key"] if s3_endpoint.kind != "moto" else secret
+        conn["password"] = secret = creds["aws_secret_access_key"] if s3_endpoint.kind != "moto" else secret
     monkeypatch.setenv("AIRFLOW_CONN_STATEFUL_TEST_S3", json.dumps(conn))
     monkeypatch.setenv("AIRFLOW__STATEFUL__CONN_ID", "stateful_test_s3")
     monkeypatch.setenv("AIRFLOW__STATEFUL__BACKEND_URL", f"s3://{s3_endpoint.bucket}/{s3_prefix}")

@@ -2,7 +2,8 @@
 
 The stack is the one a deployment runs, as subprocesses: ``api-server`` (bound to 127.0.0.1 on a free port),
 ``scheduler`` (LocalExecutor), ``dag-processor`` and ``triggerer``, on SQLite in a temporary AIRFLOW_HOME, with
-moto's S3 server as the checkpoint store, reached through an Airflow connection given by environment. The DAG
+an S3 server as the checkpoint store (moto's, and SeaweedFS, a real S3 server: the test runs on both), reached
+through an Airflow connection given by environment. The DAG
 is ``dags/killable_batch.py`` (copied into a temporary DAG folder): it writes its pid on each try and a ledger
 row per handled item. The test waits until try 1 committed a checkpoint past item 30, SIGKILLs the task
 process (a descendant of the scheduler), and checks that try 2 starts at the last checkpoint's cursor and that
@@ -24,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from s3_endpoint import S3Endpoint, both_servers, started_endpoint
 
-from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer, free_port
+from airflow_stateful.testing.s3_server import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -39,23 +41,22 @@ TASK_ID = "crunch"
 ITEMS = 100
 ITEM_SECONDS = 0.25
 KILL_AFTER_CURSOR = 30  # SIGKILL once try 1 has committed a checkpoint at or past this cursor
-BUCKET = "stateful-e2e"
 PREFIX = "airflow"
 REGION = "us-east-1"
 CONN_ID = "stateful_e2e"
 
 
-def stack_env(home: Path, dags: Path, port: int, endpoint_url: str) -> dict[str, str]:
+def stack_env(home: Path, dags: Path, port: int, endpoint: S3Endpoint) -> dict[str, str]:
     """The whole environment of every Airflow process: nothing is inherited from pytest but PATH and locale."""
     conn = {
         "conn_type": "aws",
-        "login": DUMMY_ACCESS_KEY,
-        "password": DUMMY_SECRET_KEY,
-        "extra": {"endpoint_url": endpoint_url, "region_name": REGION},
+        "login": endpoint.credentials["aws_access_key_id"],
+        "password": endpoint.credentials["aws_secret_access_key"],
+        "extra": {"endpoint_url": endpoint.endpoint_url, "region_name": REGION},
     }
     env = base_env(home, dags, port)
     env.update(
-        AIRFLOW__STATEFUL__BACKEND_URL=f"s3://{BUCKET}/{PREFIX}",
+        AIRFLOW__STATEFUL__BACKEND_URL=f"s3://{endpoint.bucket}/{PREFIX}",
         AIRFLOW__STATEFUL__CONN_ID=CONN_ID,
         **{f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn)},
         STATEFUL_DEMO_LEDGER=str(home / "ledger.csv"),
@@ -72,23 +73,19 @@ def rows(path: Path) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in (line.split(",") for line in path.read_text().split())]
 
 
-@pytest.fixture
-def moto() -> Iterator[MotoServer]:
-    import boto3
+@pytest.fixture(params=both_servers())
+def server(request: pytest.FixtureRequest) -> Iterator[S3Endpoint]:
+    """A server of the test's own (a stack's components are killed at teardown, mid-request), with a bucket:
+    serialized moto for ``main`` unless the suite's endpoint is SeaweedFS, and SeaweedFS."""
+    from s3_endpoint import main_kind
 
-    with MotoServer.start() as server:
-        boto3.client(
-            "s3",
-            endpoint_url=server.endpoint_url,
-            region_name=REGION,
-            aws_access_key_id=DUMMY_ACCESS_KEY,
-            aws_secret_access_key=DUMMY_SECRET_KEY,
-        ).create_bucket(Bucket=BUCKET)
-        yield server
+    kind = "seaweedfs" if request.param == "seaweedfs" or main_kind() == "seaweedfs" else "moto"
+    with started_endpoint(kind) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
-def stack(tmp_path: Path, moto: MotoServer) -> Iterator[Stack]:
+def stack(tmp_path: Path, server: S3Endpoint) -> Iterator[Stack]:
     home = tmp_path / "home"
     dags = tmp_path / "dags"
     logs = tmp_path / "component-logs"
@@ -97,7 +94,7 @@ def stack(tmp_path: Path, moto: MotoServer) -> Iterator[Stack]:
     shutil.copy(REPO / "dags" / f"{DAG_ID}.py", dags)
     shutil.copy(REPO / "dags" / f"{OUTPUTS_DAG}.py", dags)
     port = free_port()
-    stack = Stack(home=home, env=stack_env(home, dags, port, moto.endpoint_url), port=port, logs=logs)
+    stack = Stack(home=home, env=stack_env(home, dags, port, server), port=port, logs=logs)
     try:
         start_stack(stack)
         yield stack
@@ -105,10 +102,9 @@ def stack(tmp_path: Path, moto: MotoServer) -> Iterator[Stack]:
         stop_stack(stack)
 
 
-def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack, moto: MotoServer) -> None:
+def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack, server: S3Endpoint) -> None:
     from airflow_stateful.core import CheckpointStore, Identity
     from airflow_stateful.core.records.cursors import cursor_position
-    from airflow_stateful.core.stores.s3 import S3ObjectStore
 
     t0 = time.monotonic()
     wait_for("the api-server to answer", lambda: stack.request("GET", "/version"), timeout=120, stack=stack)
@@ -126,14 +122,7 @@ def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack
     run_id = run["dag_run_id"]
     run_path = f"/dags/{DAG_ID}/dagRuns/{run_id}"
 
-    store = S3ObjectStore(
-        bucket=BUCKET,
-        prefix=PREFIX,
-        endpoint_url=moto.endpoint_url,
-        region_name=REGION,
-        aws_access_key_id=DUMMY_ACCESS_KEY,
-        aws_secret_access_key=DUMMY_SECRET_KEY,
-    )
+    store = server.store(PREFIX)
     checkpoints = CheckpointStore(
         store=store, identity=Identity.for_task(dag_id=DAG_ID, task_id=TASK_ID, run_id=run_id)
     )

@@ -36,6 +36,7 @@ from airflow_stateful.core.stores import local as local_module
 from airflow_stateful.core.stores.base import Blob, CommonPrefix, ObjectInfo, ObjectStore, StoredFile
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.stores.s3 import S3ObjectStore
+from airflow_stateful.core.stores.s3_listing import entry_key
 from airflow_stateful.plugins.view.rows import Bounds, collect
 
 NESTED = [
@@ -80,7 +81,9 @@ def build_fleet(store: ObjectStore, tmp_path: Path) -> None:
 
 
 def identities_by_walking(store: ObjectStore, prefix: str) -> list[str]:
-    """What listing every object found before: keys ending in ``/~head.json`` that are valid identities."""
+    """What listing every object found before: keys ending in ``/~head.json`` that are valid identities, in the
+    order of their ``<identity>/~`` prefixes (S3's byte order: the catalog's order on S3, on the local store and
+    on SeaweedFS, whose own listing order is a directory walk)."""
     found = []
     for info in store.list_objects(prefix):
         if info.key.endswith(f"/{HEAD_NAME}") and not info.key.startswith("~"):
@@ -88,7 +91,7 @@ def identities_by_walking(store: ObjectStore, prefix: str) -> list[str]:
                 found.append(Identity.parse(info.key[: -len(HEAD_NAME) - 1]).key)
             except ValueError:
                 continue
-    return found
+    return sorted(found, key=lambda key: f"{key}/~")
 
 
 def unsigned(args: argparse.Namespace) -> argparse.Namespace:
@@ -364,8 +367,9 @@ def test_s3_pages_of_a_delimited_listing_are_merged_in_key_order(
         s3.client.meta.events.register("before-parameter-build.s3.ListObjectsV2", small_pages)
         counts = _count_requests(s3)
         assert list(s3.list_delimited("", "/~")) == whole
-        assert counts["ListObjectsV2"] == (len(whole) + 1) // 2
-        assert whole == list(ObjectStore.list_delimited(s3, "", "/~"))
+        if s3_endpoint.kind != "seaweedfs":  # which pages such listings wrongly: it lists every key instead
+            assert counts["ListObjectsV2"] == (len(whole) + 1) // 2
+        assert whole == sorted(ObjectStore.list_delimited(s3, "", "/~"), key=entry_key)
 
 
 def test_the_local_store_never_walks_a_folder_it_rolls_up(

@@ -1,7 +1,7 @@
 """The short kill -9 soak of ``make test`` (the long one is ``make soak``): see ``tests/soak/kill_soak.py``.
 
 Real processes SIGKILLed at random moments (seeded) on the local store and on S3 over HTTP (a serialized moto
-server on 127.0.0.1); after each kill a fresh reader must find the latest checkpoint whole and verified, not
+server on 127.0.0.1, and SeaweedFS, a real S3 server); after each kill a fresh reader must find the latest checkpoint whole and verified, not
 older than the last acknowledged commit, with no missing reference; a killed restore must leave its
 destination exactly as before (its extra file included) or complete (exactly the checkpoint's files). The last tests show that those checks do fail when what they
 guard is broken (a lost acknowledged commit, a corrupt chunk, a destination left half restored, an exact
@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
+from s3_endpoint import both_servers, main_kind
 from soak import kill_soak
 from soak.kill_soak import Soak, Tally
 
@@ -62,8 +63,13 @@ def test_kill_soak_local() -> None:
 
 
 @pytest.mark.s3
-def test_kill_soak_s3() -> None:
-    tally = kill_soak.run(store="s3", kills=6, restore_kills=4, seed=15)
+@pytest.mark.parametrize("server", both_servers())
+def test_kill_soak_s3(server: str) -> None:
+    """On the suite's main endpoint (moto by default) and on SeaweedFS, a real S3 server."""
+    tally = kill_soak.run(
+        store="s3", kills=6, restore_kills=4, seed=15, s3_server_kind="env" if server == "main" else server
+    )
+    assert tally.store == f"s3 ({main_kind() if server == 'main' else server})"
     check(tally, kills=6, restore_kills=4)
 
 

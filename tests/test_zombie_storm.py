@@ -1,5 +1,6 @@
 """A short zombie storm in ``make test`` (``make storm`` runs it for minutes): writer processes stealing one
-identity's lease in turns, on the local store and on S3 (moto serialized: atomic conditional writes).
+identity's lease in turns, on the local store and on S3: moto serialized (atomic conditional writes) and SeaweedFS,
+a real S3 server.
 
 See tests/soak/zombie_storm.py for what each writer does and what the checker verifies.
 """
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from s3_endpoint import both_servers, main_kind
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "soak"))
 import zombie_storm
@@ -18,10 +20,17 @@ import zombie_storm
 pytestmark = [pytest.mark.slow]
 
 
-@pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.s3)])
-def test_writers_stealing_one_lease_in_turns_lose_no_acknowledged_update(kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "server"),
+    [("local", ""), *(pytest.param("s3", server, marks=pytest.mark.s3) for server in both_servers())],
+)
+def test_writers_stealing_one_lease_in_turns_lose_no_acknowledged_update(kind: str, server: str) -> None:
     before = dict(os.environ)
-    result = zombie_storm.storm(kind, writers=3, seconds=3, seed=7)
+    result = zombie_storm.storm(
+        kind, writers=3, seconds=3, seed=7, server="env" if server == "main" else server
+    )
+    expected = "local" if kind == "local" else f"s3 ({main_kind() if server == 'main' else server})"
+    assert result["store"] == expected
     # The storm's server is gone: its endpoint left in this process's environment sent a later test's
     # `airflow-stateful gc` to a dead port (STATEFUL_S3_ENDPOINT_URL overrides the connection's endpoint).
     assert dict(os.environ) == before, "the storm left its settings in the environment"

@@ -109,7 +109,7 @@ class SeaweedServer:
         root = tempfile.mkdtemp(prefix="stateful-seaweedfs-")
         data_dir = os.path.join(root, "data")
         os.mkdir(data_dir)
-        access_key, secret_key = "stateful", secrets.token_hex(16)
+        access_key, secret_key = f"AK{secrets.token_hex(8).upper()}", secrets.token_hex(16)
         config = os.path.join(root, "s3.json")
         with open(config, "w", encoding="utf-8") as fh:
             json.dump(

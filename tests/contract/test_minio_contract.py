@@ -34,7 +34,7 @@ def test_the_s3_contract_suite_passes_on_a_real_minio_server(tmp_path: Path) -> 
     if not binary:
         reason = (
             "no MinIO server binary here (set STATEFUL_TEST_MINIO_BINARY or put `minio` on PATH; it is not on "
-            "PyPI, npm or Debian): the contract suite ran on moto (serialized) and the local store only"
+            "PyPI, npm or Debian): the contract suite ran on moto (serialized), SeaweedFS and the local store"
         )
         print(f"SKIPPED: {reason}")
         pytest.skip(reason)

@@ -24,8 +24,9 @@ Usage::
     .venv/bin/python tests/soak/kill_soak.py --store local --kills 300 --restore-kills 100 --seed 1
     .venv/bin/python tests/soak/kill_soak.py --store s3 --kills 200 --restore-kills 50 --seed 2
 
-``--store s3`` starts a serialized moto server on 127.0.0.1 (conditional writes atomic, as on S3) and stops it
-at the end. Prints a summary table; ``--json-out`` writes it as JSON. Exits 1 on any violation (the run
+``--store s3`` runs on the endpoint the test suite would use (tests/s3_endpoint.py): a serialized moto server
+on 127.0.0.1 by default (conditional writes atomic, as on S3), SeaweedFS with ``STATEFUL_TEST_S3_ENDPOINT=seaweedfs``
+or ``--s3-server seaweedfs``, or a given endpoint; a server it starts is stopped at the end. Prints a summary table; ``--json-out`` writes it as JSON. Exits 1 on any violation (the run
 directory is then kept as evidence and its path printed).
 """
 
@@ -77,7 +78,8 @@ KEEP_LAST = 3
 LEASE_TTL = 5.0
 """Short enough that the heartbeat renews the lease (about every 1.5 s) within a round: kills land there too."""
 STAGING_PREFIX = ".stateful-restore-"
-S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto: not secrets
+S3_SERVERS = ("env", "moto", "seaweedfs")
+"""``--s3-server``: ``env`` is the test suite's choice (``STATEFUL_TEST_S3_ENDPOINT``, moto by default)."""
 REGION = "us-east-1"
 
 # Where a writer kill is aimed (the phase record the writer shows, and the weight of each aim).
@@ -244,7 +246,8 @@ class Soak:
         self.kind = store
         self.rng = random.Random(seed)
         self.run_dir = run_dir
-        self.tally = Tally(store=store, seed=seed, run_dir=str(run_dir))
+        label = f"s3 ({s3['server']})" if store == "s3" and s3 and s3.get("server") else store
+        self.tally = Tally(store=label, seed=seed, run_dir=str(run_dir))
         self.est = Estimates()
         self.children = Children()
         self.identity = Identity.parse(IDENTITY)
@@ -255,8 +258,13 @@ class Soak:
             self.store_spec: dict[str, Any] = {"kind": "local", "root": str(run_dir / "state")}
         else:
             assert s3 is not None
-            self.store_spec = {"kind": "s3", **s3}
-            self.env.update(S3_CREDENTIALS, AWS_DEFAULT_REGION=REGION)
+            self.store_spec = {"kind": "s3", **{k: v for k, v in s3.items() if k != "credentials"}}
+            self.credentials: dict[str, str] = s3["credentials"]
+            self.env.update(
+                AWS_ACCESS_KEY_ID=self.credentials["aws_access_key_id"],
+                AWS_SECRET_ACCESS_KEY=self.credentials["aws_secret_access_key"],
+                AWS_DEFAULT_REGION=spec_region(s3),
+            )
         (run_dir / "work").mkdir(parents=True, exist_ok=True)
 
     # -- helpers -----------------------------------------------------------------------------------------
@@ -272,8 +280,7 @@ class Soak:
             prefix=spec["prefix"],
             endpoint_url=spec["endpoint_url"],
             region_name=spec["region"],
-            aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            **self.credentials,
         )
 
     def spawn(self, mode: str, spec: dict[str, Any], name: str) -> subprocess.Popen[bytes]:
@@ -642,27 +649,42 @@ class Soak:
             rounds += 1
 
 
+def spec_region(s3: dict[str, Any]) -> str:
+    return str(s3.get("region") or REGION)
+
+
 @contextlib.contextmanager
-def s3_server() -> Iterator[dict[str, Any]]:
-    """A serialized moto server on 127.0.0.1 with a fresh bucket; stopped on the way out."""
-    import boto3
+def s3_server(server: str = "env") -> Iterator[dict[str, Any]]:
+    """The S3 endpoint to soak, with a fresh bucket (tests/s3_endpoint.py): ``moto`` (serialized) or
+    ``seaweedfs`` started here and stopped on the way out, or ``env``: what the test suite would use."""
+    from s3_endpoint import s3_endpoint_from_env, started_endpoint
 
-    from airflow_stateful.testing.s3_server import MotoServer
-
-    with MotoServer.start(serialized=True) as server:
-        bucket = f"kill-soak-{uuid.uuid4().hex[:10]}"
-        boto3.client(
-            "s3",
-            endpoint_url=server.endpoint_url,
-            region_name=REGION,
-            aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        ).create_bucket(Bucket=bucket)
-        yield {"bucket": bucket, "prefix": "soak", "endpoint_url": server.endpoint_url, "region": REGION}
+    if server not in S3_SERVERS:
+        raise ValueError(f"--s3-server must be one of {', '.join(S3_SERVERS)}, not {server!r}")
+    with s3_endpoint_from_env() if server == "env" else started_endpoint(server) as endpoint:
+        if not endpoint.credentials:
+            raise RuntimeError(
+                "the soak needs the endpoint's credentials (STATEFUL_TEST_S3_ACCESS_KEY_ID/...)"
+            )
+        yield {
+            "bucket": endpoint.bucket,
+            "prefix": f"soak-{uuid.uuid4().hex[:8]}",
+            "endpoint_url": endpoint.endpoint_url,
+            "region": endpoint.region,
+            "credentials": endpoint.credentials,
+            "server": endpoint.kind,
+        }
 
 
 def run(
-    *, store: str, kills: int, restore_kills: int, seed: int, keep: bool = False, base: Path | None = None
+    *,
+    store: str,
+    kills: int,
+    restore_kills: int,
+    seed: int,
+    keep: bool = False,
+    base: Path | None = None,
+    s3_server_kind: str = "env",
 ) -> Tally:
     """One soak on one store; every child process and the S3 server are stopped on the way out.
 
@@ -674,7 +696,7 @@ def run(
     soak: Soak | None = None
     try:
         with contextlib.ExitStack() as stack:
-            s3 = stack.enter_context(s3_server()) if store == "s3" else None
+            s3 = stack.enter_context(s3_server(s3_server_kind)) if store == "s3" else None
             soak = Soak(store=store, seed=seed, run_dir=run_dir, s3=s3)
             stack.callback(soak.children.kill_all)
             for n in range(kills):
@@ -759,8 +781,17 @@ def main(argv: list[str] | None = None) -> int:
         "--dir", type=Path, help="put the run directory here (e.g. /dev/shm for tmpfs); default: temp dir"
     )
     parser.add_argument("--keep", action="store_true", help="keep the run directory even without violations")
+    parser.add_argument(
+        "--s3-server",
+        choices=S3_SERVERS,
+        default="env",
+        help="the S3 endpoint: env (the test suite's STATEFUL_TEST_S3_ENDPOINT settings, moto by default), "
+        "moto or seaweedfs (started here)",
+    )
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up (children, moto) on SIGTERM
+    signal.signal(
+        signal.SIGTERM, lambda *_: sys.exit(143)
+    )  # run the clean-up (children, the server) on SIGTERM
     # The library warns about every interrupted restore it undoes: expected here, hundreds of times.
     logging.getLogger("airflow_stateful").setLevel(logging.ERROR)
     stores = ["local", "s3"] if args.store == "both" else [args.store]
@@ -777,6 +808,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed + i,
             keep=args.keep,
             base=args.dir,
+            s3_server_kind=args.s3_server,
         )
         tallies.append(tally)
         print(summary([tally]), flush=True)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+S3_SERVERS = ("env", "moto", "seaweedfs")
 KEY = "storm/writers/run=manual__1/map=-1"
 TTL = 2.0
 RENEW_EVERY = 0.5
@@ -197,32 +198,32 @@ def check(store: Any, events: list[dict[str, Any]], scratch: Path) -> dict[str, 
 
 
 @contextlib.contextmanager
-def backend(kind: str, root: Path) -> Iterator[tuple[str, dict[str, str], Any]]:
-    """(url for the writers, their environment, a store for the checker) on ``kind``."""
+def backend(kind: str, root: Path, server: str = "env") -> Iterator[tuple[str, dict[str, str], Any, str]]:
+    """(url for the writers, their environment, a store for the checker, its label) on ``kind``; for ``s3``, on
+    ``server``: ``moto`` (serialized) or ``seaweedfs`` started here, or ``env``, the endpoint the test suite
+    would use (tests/s3_endpoint.py: ``STATEFUL_TEST_S3_ENDPOINT``, moto by default)."""
     from airflow_stateful.core.stores.registry import store_from_url
 
     if kind == "local":
         url = (root / "state").as_uri()
         with store_from_url(url) as store:
-            yield url, {}, store
+            yield url, {}, store, "local"
         return
-    from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer
+    if str(REPO / "tests") not in sys.path:
+        sys.path.insert(0, str(REPO / "tests"))
+    from s3_endpoint import s3_endpoint_from_env, started_endpoint
 
-    with MotoServer.start(serialized=True) as server:
-        import boto3
-
-        boto3.client(
-            "s3",
-            endpoint_url=server.endpoint_url,
-            region_name="us-east-1",
-            aws_access_key_id=DUMMY_ACCESS_KEY,
-            aws_secret_access_key=DUMMY_SECRET_KEY,
-        ).create_bucket(Bucket="storm")
+    if server not in S3_SERVERS:
+        raise ValueError(f"--s3-server must be one of {', '.join(S3_SERVERS)}, not {server!r}")
+    with s3_endpoint_from_env() if server == "env" else started_endpoint(server) as endpoint:
+        creds = endpoint.credentials
+        if not creds or not endpoint.endpoint_url:
+            raise RuntimeError("the storm needs an endpoint URL and its credentials (STATEFUL_TEST_S3_...)")
         env = {
-            "STATEFUL_S3_ENDPOINT_URL": server.endpoint_url,
-            "AWS_ACCESS_KEY_ID": DUMMY_ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET_KEY,
-            "AWS_DEFAULT_REGION": "us-east-1",
+            "STATEFUL_S3_ENDPOINT_URL": endpoint.endpoint_url,
+            "AWS_ACCESS_KEY_ID": creds["aws_access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": creds["aws_secret_access_key"],
+            "AWS_DEFAULT_REGION": endpoint.region,
         }
         # For the storm's own checks in this process, and only while the storm runs: the endpoint is this
         # server's, which stops afterwards. Left behind, it would send every later S3 client of the process
@@ -230,9 +231,9 @@ def backend(kind: str, root: Path) -> Iterator[tuple[str, dict[str, str], Any]]:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            url = "s3://storm/state"
-            with store_from_url(url, endpoint_url=server.endpoint_url) as store:
-                yield url, env, store
+            url = f"s3://{endpoint.bucket}/storm-{os.getpid()}-{time.time_ns()}"
+            with store_from_url(url, endpoint_url=endpoint.endpoint_url) as store:
+                yield url, env, store, f"s3 ({endpoint.kind})"
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -241,9 +242,9 @@ def backend(kind: str, root: Path) -> Iterator[tuple[str, dict[str, str], Any]]:
                     os.environ[k] = v
 
 
-def storm(kind: str, writers: int, seconds: float, seed: int) -> dict[str, Any]:
+def storm(kind: str, writers: int, seconds: float, seed: int, *, server: str = "env") -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"storm-{kind}-"))
-    with backend(kind, root) as (url, env, store):
+    with backend(kind, root, server) as (url, env, store, label):
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("STATEFUL_", "AWS_"))}
         child_env = {**clean, **env, "PYTHONPATH": str(REPO)}
         logs = [root / f"w{i}.log" for i in range(writers)]
@@ -280,7 +281,7 @@ def storm(kind: str, writers: int, seconds: float, seed: int) -> dict[str, Any]:
         ]
         result = check(store, read_events(logs), root)
         result["problems"] = failed + result["problems"]
-        result.update(store=kind, writers=writers, seconds=seconds)
+        result.update(store=label, writers=writers, seconds=seconds)
         return result
 
 
@@ -296,9 +297,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument(
+        "--s3-server",
+        choices=S3_SERVERS,
+        default="env",
+        help="the S3 endpoint: env (the test suite's STATEFUL_TEST_S3_ENDPOINT settings, moto by default), "
+        "moto or seaweedfs (started here)",
+    )
     opts = parser.parse_args(args)
     kinds = ["local", "s3"] if opts.store == "both" else [opts.store]
-    results = [storm(kind, opts.writers, opts.seconds, opts.seed) for kind in kinds]
+    results = [storm(kind, opts.writers, opts.seconds, opts.seed, server=opts.s3_server) for kind in kinds]
     columns = [
         "store",
         "writers",

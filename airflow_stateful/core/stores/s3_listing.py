@@ -82,8 +82,8 @@ def checked(
     where: str,
     is_pagination_error: Callable[[Exception], bool],
 ) -> Iterator[Entry]:
-    """The entries of ``pages``, each once; from ``rolled_up()`` (the plain listing rolled up) instead, without
-    what was already yielded, where the server's pages cannot be trusted."""
+    """The entries of ``pages``, each once; from ``rolled_up()`` (the plain listing rolled up, sorted into key
+    order) instead, without what was already yielded, where the server's pages cannot be trusted."""
     seen: set[str] = set()
     try:
         first = True
@@ -108,7 +108,10 @@ def checked(
         log.log(level, "the delimited listing of %s comes from the plain listing: %s", where, exc)
     else:
         return
+    # The plain listing comes in the server's order; sorted here (its keys are held anyway, in ``seen``), the
+    # rest of the listing is in key order, as S3's would be: a whole listing when the first page gave it away.
+    rest: dict[str, Entry] = {}
     for entry in rolled_up():
-        if entry_key(entry) not in seen:
-            seen.add(entry_key(entry))
-            yield entry
+        rest.setdefault(entry_key(entry), entry)
+    for key in sorted(rest.keys() - seen):
+        yield rest[key]
