@@ -361,7 +361,7 @@ def run(args: argparse.Namespace, endpoint: Endpoint, work: Path) -> list[dict[s
             delete_prefix(client, bucket, prefix + "/")
             log(f"  floor (puts)  #{i + 1}: {first['floor'].seconds[-1]:.2f} s")
 
-        sides = [
+        sides: list[Callable[[int], None]] = [
             first_lib,
             first_boto3,
             *([first_floor] if layout else []),

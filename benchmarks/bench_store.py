@@ -384,7 +384,7 @@ def make_store(endpoint: Endpoint, bucket: str, args: argparse.Namespace) -> S3O
         bucket=bucket,
         prefix="candidate",
         **endpoint.store_kwargs(),
-        **tuning,
+        **tuning,  # type: ignore[arg-type]
     )
     return store
 
@@ -452,8 +452,7 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int, save: bool = Tr
     settle()
 
     # The chunk layout of this file (sizes and keys), for the floors: the library's requests, sent by boto3.
-    manifest = cs.commit(lease, {"layout": True}, files=src)
-    layout = chunk_layout(cs, manifest)
+    layout = chunk_layout(cs, cs.commit(lease, {"layout": True}, files=src))
     if layout is None:
         log("the checkpoint is not one file of chunks: no floors measured")
 

@@ -62,7 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench_rows import sides_row, write_json_out
+from bench_rows import floor, sides_row, write_json_out
 from bench_server import add_server_option, start_server
 from bench_store import (  # the store benchmark's rig (this folder)
     WARMUP_SMALL,
@@ -71,7 +71,7 @@ from bench_store import (  # the store benchmark's rig (this folder)
     Rig,
     Side,
     endpoint_client,
-    interleave,
+    rotate,
     settle,
     small_value,
     write_random_file,
@@ -510,6 +510,10 @@ class Bench:
             f"{measured.ops_per_run()}; {cpu_note(case)}{peak_note(case.candidate)}"
         )
         return sides_row(
+            floor=floor(
+                chunked / statistics.median(case.baseline.seconds),
+                "read + chunk + SHA-256 of the whole file here, no request",
+            ),
             scenario=f"re-save {fmt_bytes(size)} file, 1% of bytes changed ({variant})",
             baseline="full upload (boto3 upload_file of the new file)",
             candidate="CheckpointStore.commit(lease, value, files=file)",
@@ -666,10 +670,16 @@ class Bench:
         cs = self.checkpoints("json")
         lease = cs.acquire()
         body = json.dumps(small_value(0), separators=(",", ":")).encode()
+        warm_requests: list[int] = []
         for i in range(WARMUP_SMALL):  # untimed: connections, the cached head, retention in play
             rig.client.put_object(Bucket=rig.bucket, Key="baseline/small.json", Body=body)
-            cs.commit(lease, small_value(i))
+            with rig.ccount.measure(warm_requests):
+                cs.commit(lease, small_value(i))
         settle()
+        # The floor: as many requests as a steady-state commit sends, each a compare-and-swap PUT (If-Match on
+        # the ETag of the previous write) of the same body, one after the other, by plain boto3.
+        puts = max(1, round(statistics.median(warm_requests[WARMUP_SMALL // 2 :])))
+        etag = [rig.client.put_object(Bucket=rig.bucket, Key="floor/small.json", Body=body)["ETag"]]
         case = Case(
             "json",
             "small JSON commit",
@@ -677,6 +687,7 @@ class Bench:
             Side("CheckpointStore.commit"),
             len(body),
             GOALS["json"],
+            floor=Side(f"{puts} x boto3 put_object(IfMatch=etag)"),
         )
         measured = Measured(self.traffic, self.upload_log)
 
@@ -691,9 +702,25 @@ class Bench:
             value = small_value(WARMUP_SMALL + i)  # built outside the timing, like the baseline's body
             case.candidate.run(measured.around(lambda: cs.commit(lease, value)), rig.ccount, rig.clock)
 
-        self.log(f"json: {self.args.small_repeat} x 2 runs, interleaved")
-        interleave(self.args.small_repeat, baseline, candidate)
+        def floor_side(i: int) -> None:
+            def run() -> None:
+                for _ in range(puts):
+                    done = rig.client.put_object(
+                        Bucket=rig.bucket, Key="floor/small.json", Body=body, IfMatch=etag[0]
+                    )
+                    etag[0] = done["ETag"]
+
+            assert case.floor is not None
+            case.floor.run(run, rig.bcount, rig.clock)
+
+        self.log(
+            f"json: {self.args.small_repeat} x 3 runs, interleaved (floor: {puts} CAS PUT(s) per commit)"
+        )
+        rotate(self.args.small_repeat, [baseline, candidate, floor_side])
         cs.release(lease)
+        f = case.floor
+        assert f is not None
+        floor_ratio = statistics.median(f.seconds) / statistics.median(case.baseline.seconds)
         return [
             sides_row(
                 scenario=f"small JSON commit (~{len(body)} B value)",
@@ -702,7 +729,14 @@ class Bench:
                 base=case.baseline,
                 cand=case.candidate,
                 goal=GOALS["json"],
-                notes=f"requests per commit: {measured.ops_per_run()}; {cpu_note(case)}",
+                notes=(
+                    f"requests per commit: {measured.ops_per_run()}; {cpu_note(case)}; floor ({f.name}, "
+                    f"the commit's requests by plain boto3): {floor_ratio:.3f}x, median "
+                    f"{statistics.median(f.seconds) * 1000:.2f} ms"
+                ),
+                floor=floor(
+                    floor_ratio, f"{f.name}: the commit's requests by plain boto3, one after the other"
+                ),
             )
         ]
 
