@@ -87,6 +87,7 @@ GOALS = {
     "restore_boto3": 1.0,
 }
 CHANGED = 0.01  # the share of the file overwritten before each re-save
+RSS_GOAL_MIB = 64.0  # issue 13/24: peak RSS growth of a commit or a restore, any size
 
 
 def log(msg: str) -> None:
@@ -574,6 +575,30 @@ def run(args: argparse.Namespace, endpoint: Endpoint, work: Path) -> list[dict[s
                     notes=notes,
                     floor_of=floor_of,
                 )
+            )
+        worst = [
+            (name, max(side["lib"].peak_growth_mib))
+            for name, side in phase_sides.items()
+            if side["lib"].peak_growth_mib
+        ]
+        if worst:
+            top = max(g for _, g in worst)
+            rows.append(
+                {
+                    "scenario": f"peak RSS growth, {label} save / re-save / restore",
+                    "baseline": "-",
+                    "candidate": "VmHWM growth over the RSS before the operation (after a clear_refs reset)",
+                    "ratio": round(top, 1),
+                    "ratio_min": round(min(g for _, g in worst), 1),
+                    "ratio_max": round(top, 1),
+                    "goal": RSS_GOAL_MIB,
+                    "verdict": "PASS" if top <= RSS_GOAL_MIB else "MISS",
+                    "requests_baseline": None,
+                    "requests_candidate": None,
+                    "notes": "MiB, worst run per phase: " + ", ".join(f"{n} +{g:.0f}" for n, g in worst),
+                    "unit": "MiB",
+                    "runs": sum(len(side["lib"].peak_growth_mib) for side in phase_sides.values()),
+                }
             )
     finally:
         store.close()

@@ -327,7 +327,11 @@ def print_report(
             print(f"endpoint: {endpoint}")
     print(f"load average (1 min) {', '.join(loads)}")
     for server in servers:
-        mine = [r for r in rows if r.get("server") == server and r["source"] != RESTIC.name]
+        mine = [
+            r
+            for r in rows
+            if r.get("server") == server and (r["source"] != RESTIC.name or r.get("unit") == "MiB")
+        ]
         print()
         print(f"### issue 13's targets on {SERVER_TITLES.get(server, server)}")
         print()
