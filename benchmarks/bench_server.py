@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
@@ -117,13 +118,24 @@ def start_server(server: str, *, serialized: bool = False) -> Iterator[Endpoint]
         from airflow_stateful.testing.seaweedfs import SeaweedServer
 
         with SeaweedServer.start() as weed:
-            yield Endpoint(
-                server="seaweedfs",
-                url=weed.endpoint_url,
-                access_key=weed.access_key,
-                secret_key=weed.secret_key,
-                pid=weed.process.pid,
-                description=describe("seaweedfs"),
-            )
+            try:
+                yield Endpoint(
+                    server="seaweedfs",
+                    url=weed.endpoint_url,
+                    access_key=weed.access_key,
+                    secret_key=weed.secret_key,
+                    pid=weed.process.pid,
+                    description=describe("seaweedfs"),
+                )
+            finally:
+                if (
+                    weed.process.poll() is not None
+                ):  # it died under the benchmark: say how, before its log goes
+                    print(
+                        f"SeaweedFS exited with code {weed.process.returncode} during the benchmark; its log "
+                        f"ends:\n{weed.log_tail(40)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     else:
         raise ValueError(f"unknown server {server!r}; choose from {', '.join(SERVERS)}")
