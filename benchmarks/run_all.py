@@ -1,6 +1,6 @@
 """Run every benchmark on SeaweedFS and on moto and print their tables, then issue 24's table with restic.
 
-Run it with ``make bench`` or ``.venv/bin/python benchmarks/run_all.py`` (about 50 minutes at the issues'
+Run it with ``make bench`` or ``.venv/bin/python benchmarks/run_all.py`` (about 40 minutes at the issues'
 sizes on two cores; ``--quick`` for a smoke run of a few minutes at small sizes, whose figures mean nothing).
 
 Each benchmark runs in a subprocess of its own with ``--server seaweedfs`` or ``--server moto`` (it starts
