@@ -1,7 +1,8 @@
 """How long a background save blocks the task, against a synchronous save of the same checkpoint (issue 13).
 
-Run it with ``.venv/bin/python benchmarks/bench_async_save.py`` (``--help`` for options). It starts moto's S3
-server on 127.0.0.1 (:meth:`~airflow_stateful.testing.s3_server.MotoServer.start`, threaded), opens a writer
+Run it with ``.venv/bin/python benchmarks/bench_async_save.py`` (``--help`` for options). It starts an S3
+server on 127.0.0.1 (``--server moto``, the default: moto's, threaded; ``--server seaweedfs``: a real S3 server,
+see ``bench_server.py``), opens a writer
 session and a :class:`~airflow_stateful.task_state.TaskState` on it, and times, interleaved (S A, A S, ...):
 
 * **sync**: ``state.save(value, files=dir)`` of a directory holding one N MiB file (default 256): upload and
@@ -20,8 +21,9 @@ Fairness and what the numbers mean:
 * By default the file is in the page cache when saved (it was just written, as a task's checkpoint usually
   is). ``--cold`` drops it from the cache before each save (``posix_fadvise(DONTNEED)``, no root needed): both
   sides then read it from disk.
-* The synchronous save's time is mostly moto's (a single Python process on the same two cores, ~80-100 MiB/s
-  up); a faster endpoint shrinks the denominator and makes the ratio larger. The snapshot's cost is a local
+* The synchronous save's time is mostly the server's (moto: a single Python process on the same two cores,
+  ~80-100 MiB/s up; SeaweedFS ~100 MiB/s here); a faster endpoint shrinks the denominator and makes the ratio
+  larger. The snapshot's cost is a local
   copy (``copy_file_range``), which depends only on the disk: read the absolute ``blocked`` figure too.
 
 ``--json`` writes this script's own summary; ``--json-out PATH`` writes the row of issue 13's target table
@@ -33,6 +35,7 @@ The exit code is 0 whether or not the goal is met; the goal is printed as PASS o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -47,19 +50,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench_rows import moto_endpoint, timed_row, write_json_out
+from bench_rows import timed_row, write_json_out
+from bench_server import add_server_option, start_server
 from bench_store import (  # the same helpers as the store benchmark (this folder)
     RequestCounter,
-    make_client,
+    endpoint_client,
     write_random_file,
 )
 
 from airflow_stateful.core import CheckpointStore, Identity, WriterInfo, WriterSession
 from airflow_stateful.core.stores.s3 import MIB, S3ObjectStore
 from airflow_stateful.task_state import TaskState
-from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer
 
-REGION = "us-east-1"
 GOAL = 0.1
 
 
@@ -92,23 +94,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="also write the target row here as JSON (see bench_rows.py; benchmarks/run_all.py)",
     )
+    add_server_option(parser)
     args = parser.parse_args(argv)
     size = args.size_mib * MIB
     log = print
 
     work = Path(tempfile.mkdtemp(prefix="bench-async-save-", dir=args.workdir))
-    server = MotoServer.start()
+    servers = contextlib.ExitStack()  # stops the server in the finally below
+    server = servers.enter_context(start_server(args.server))
     try:
         bucket = f"bench-{uuid.uuid4().hex[:10]}"
-        make_client(server.endpoint_url, 10).create_bucket(Bucket=bucket)
-        store = S3ObjectStore(
-            bucket=bucket,
-            prefix="bench",
-            endpoint_url=server.endpoint_url,
-            region_name=REGION,
-            aws_access_key_id=DUMMY_ACCESS_KEY,
-            aws_secret_access_key=DUMMY_SECRET_KEY,
-        )
+        endpoint_client(server, 10).create_bucket(Bucket=bucket)
+        store = S3ObjectStore(bucket=bucket, prefix="bench", **server.store_kwargs())
         checkpoints = CheckpointStore(
             store=store, identity=Identity.for_task(dag_id="bench", task_id="async", name="save"), keep_last=2
         )
@@ -166,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 for fn in sides if i % 2 == 0 else tuple(reversed(sides)):
                     fn(i)
     finally:
-        server.stop()
+        servers.close()
         shutil.rmtree(work, ignore_errors=True)
 
     ratio = median(results["blocked"]) / median(results["sync"])
@@ -177,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": sys.version.split()[0],
             "cpus": os.cpu_count(),
         },
-        "endpoint": "moto (threaded) on 127.0.0.1",
+        "endpoint": server.description,
         "size_mib": args.size_mib,
         "cache": "cold" if args.cold else "warm",
         "snapshot_method": sorted(methods),
@@ -223,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 "include its background upload and commit"
             ),
         )
-        write_json_out(args.json_out, [row], endpoint=moto_endpoint())
+        write_json_out(args.json_out, [row], endpoint=server.description, server=args.server)
     return 0
 
 

@@ -1,8 +1,9 @@
 """Benchmark fleet listing: ``airflow-stateful ls`` over many identities against plain boto3 listings.
 
 Run it with ``.venv/bin/python benchmarks/bench_fleet.py`` (``--help`` for options; ~4 minutes with the
-defaults). It starts moto's S3 server on 127.0.0.1 in a subprocess, threaded (moto's default: the tests'
-serialized server runs one request at a time, which would make parallel head reads pointless), seeds
+defaults). It starts an S3 server on 127.0.0.1 in a subprocess: ``--server moto`` (the default) is moto's,
+threaded (moto's default: the tests' serialized server runs one request at a time, which would make parallel
+head reads pointless); ``--server seaweedfs`` a real S3 server (``bench_server.py``). It seeds
 ``--identities`` identities and measures, in one run, interleaved (the order rotates every repetition), each
 case's median over ``--repeat`` runs:
 
@@ -22,8 +23,8 @@ case's median over ``--repeat`` runs:
     /dev/null: the delimited listing and the heads read ``HEAD_READERS`` at a time, printed as they come.
 
 Also printed: the requests each case sends (counted per operation with a botocore ``before-call`` handler),
-the CPU seconds of this process and of the moto process per run (moto is one Python process on the same two
-cores: its CPU per request is the floor of anything that sends that many requests), ``ls`` with 1, 4, 8 and
+the CPU seconds of this process and of the server process per run (the server shares the same two cores: its
+CPU per request is the floor of anything that sends that many requests), ``ls`` with 1, 4, 8 and
 16 readers, and the whole ``airflow-stateful ls`` process once (Python and Airflow start-up included).
 
 How the fleet is seeded (not timed): one real checkpoint (a JSON value and ``--files`` files of 4 KiB) is
@@ -59,7 +60,9 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-from bench_rows import moto_endpoint, timed_row, write_json_out  # this folder
+from bench_rows import floor as floor_of
+from bench_rows import timed_row, write_json_out  # this folder
+from bench_server import Endpoint, add_server_option, start_server
 from botocore.config import Config
 
 from airflow_stateful.cli.commands.fleet import cmd_ls
@@ -74,10 +77,10 @@ from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.stores.s3 import S3ObjectStore
-from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer
 
 REGION = "us-east-1"
 GOAL = 3.0
+SERVER = "moto"  # the S3 server's name in the output (main sets it from --server)
 TEMPLATE = "bench/template"
 LS_COLUMNS = ["identity", "seq", "kept", "bytes", "epoch", "lease", "updated"]
 
@@ -291,12 +294,12 @@ def measure(cases: list[Case], repeat: int, requests: Requests | None, pid: int 
             log(f"  [{rep + 1}/{repeat}] {case.name}: {case.times[-1]:.3f} s")
 
 
-def whole_process(backend: str, endpoint: str | None) -> tuple[float, float]:
+def whole_process(backend: str, endpoint: Endpoint | None) -> tuple[float, float]:
     """Seconds of ``python -m airflow_stateful ls`` on the fleet and on an empty prefix (start-up alone)."""
-    env = dict(os.environ, AWS_ACCESS_KEY_ID=DUMMY_ACCESS_KEY, AWS_SECRET_ACCESS_KEY=DUMMY_SECRET_KEY)
-    env["AWS_DEFAULT_REGION"] = REGION
+    env = dict(os.environ)
     if endpoint:
-        env["STATEFUL_S3_ENDPOINT_URL"] = endpoint
+        env.update(endpoint.env())
+        env["STATEFUL_S3_ENDPOINT_URL"] = endpoint.url
     env.pop("AIRFLOW__STATEFUL__CONN_ID", None)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-home-") as home:
@@ -333,31 +336,27 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="write the target row here (bench_rows.py; needs --store s3)",
     )
+    add_server_option(parser)
     args = parser.parse_args(argv)
+    global SERVER
+    SERVER = args.server if args.store == "s3" else "-"
 
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(MotoServer.start()) if args.store == "s3" else None
-        pid = server.process.pid if server else None
+        server = stack.enter_context(start_server(args.server)) if args.store == "s3" else None
+        pid = server.pid if server else None
         if server:
             bucket = f"bench-fleet-{uuid.uuid4().hex[:8]}"
             client = boto3.client(
                 "s3",
-                endpoint_url=server.endpoint_url,
+                endpoint_url=server.url,
                 region_name=REGION,
-                aws_access_key_id=DUMMY_ACCESS_KEY,
-                aws_secret_access_key=DUMMY_SECRET_KEY,
+                aws_access_key_id=server.access_key,
+                aws_secret_access_key=server.secret_key,
                 config=Config(s3={"addressing_style": "path"}, max_pool_connections=16),
             )
             client.create_bucket(Bucket=bucket)
             store: ObjectStore = stack.enter_context(
-                S3ObjectStore(
-                    bucket=bucket,
-                    prefix="fleet",
-                    endpoint_url=server.endpoint_url,
-                    region_name=REGION,
-                    aws_access_key_id=DUMMY_ACCESS_KEY,
-                    aws_secret_access_key=DUMMY_SECRET_KEY,
-                )
+                S3ObjectStore(bucket=bucket, prefix="fleet", **server.store_kwargs())
             )
             backend = f"s3://{bucket}/fleet"
             requests: Requests | None = Requests(client, store.client)  # type: ignore[attr-defined]
@@ -389,15 +388,15 @@ def main(argv: list[str] | None = None) -> int:
             log("sweeping readers")
             measure(sweep, args.repeat, requests, pid)
         rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        process = (
-            None if args.skip_process else whole_process(backend, server.endpoint_url if server else None)
-        )
+        process = None if args.skip_process else whole_process(backend, server)
 
     result = report(args, objects, cases, sweep, process, (rss_before, rss_after))
     if args.json:
         print(json.dumps(result, indent=2))
     if args.json_out is not None and server is not None:
-        write_json_out(args.json_out, [target_row(args, cases)], endpoint=moto_endpoint())
+        write_json_out(
+            args.json_out, [target_row(args, cases)], endpoint=server.description, server=args.server
+        )
     return 0
 
 
@@ -413,7 +412,7 @@ def target_row(args: argparse.Namespace, cases: list[Case]) -> dict[str, Any]:
         f"{HEAD_READERS} at once) and prints a row per identity; strictest reading, ls / the delimited pass "
         f"alone (one entry per identity, no head read): {ls.median / heads.median:.1f}x, which no ls that "
         f"shows a head's seq, epoch and lease can approach (a GET per head); ls / plain boto3 listing + GET "
-        f"of every head on 8 threads: {ls.median / floor.median:.2f}x (the floor here: moto's CPU per GET); "
+        f"of every head on 8 threads: {ls.median / floor.median:.2f}x (the floor here: the server's CPU per GET); "
         f"requests per ls: {', '.join(f'{n} {op}' for op, n in sorted(ls.requests.items()))}"
     )
     return timed_row(
@@ -426,6 +425,9 @@ def target_row(args: argparse.Namespace, cases: list[Case]) -> dict[str, Any]:
         requests_baseline=float(sum(every.requests.values())),
         requests_candidate=float(sum(ls.requests.values())),
         notes=notes,
+        floor=floor_of(
+            floor.median / every.median, "plain boto3: the delimited listing + a GET of every head, 8 threads"
+        ),
     )
 
 
@@ -443,10 +445,10 @@ def report(
     w = out.write
     w(
         f"\nFleet listing: {args.identities} identities, {objects} objects, store {args.store}"
-        f"{' (moto threaded, 127.0.0.1)' if args.store == 's3' else ''}; "
+        f"{f' ({SERVER}, 127.0.0.1)' if args.store == 's3' else ''}; "
         f"{platform.python_version()}, {os.cpu_count()} cores; medians of {args.repeat}\n\n"
     )
-    w("| case | median s | vs ls | requests | client CPU s | moto CPU s |\n|---|---|---|---|---|---|\n")
+    w(f"| case | median s | vs ls | requests | client CPU s | {SERVER} CPU s |\n|---|---|---|---|---|---|\n")
     for case in [*cases, *sweep]:
         reqs = ", ".join(f"{n} {op}" for op, n in sorted(case.requests.items())) or "-"
         w(
@@ -487,7 +489,7 @@ def report(
         if gets:
             per_get = statistics.median(ls.server_cpu) / gets * 1000
             w(
-                f"moto CPU per request in ls: {per_get:.2f} ms (the floor for {gets} GETs: {per_get * gets / 1000:.2f} s)\n"
+                f"{SERVER} CPU per request in ls: {per_get:.2f} ms (the floor for {gets} GETs: {per_get * gets / 1000:.2f} s)\n"
             )
     if process:
         w(

@@ -1,8 +1,9 @@
 """A retry on the same worker restoring an unchanged checkpoint, with the worker's restore cache (issue 13).
 
 Run it with ``.venv/bin/python benchmarks/bench_restore_cache.py`` (``--help`` for options; about 3 minutes at
-the default 1 GiB on two cores, ``--quick`` about half that). It starts moto's S3 server on 127.0.0.1 in a
-subprocess (:class:`~airflow_stateful.testing.s3_server.MotoServer`), commits one N MiB file of random bytes
+the default 1 GiB on two cores, ``--quick`` about half that). It starts an S3 server on 127.0.0.1 in a
+subprocess (``--server moto``, the default, or ``--server seaweedfs``: see ``bench_server.py``), commits one N
+MiB file of random bytes
 (default 1024) as a checkpoint, stores the same bytes as one plain object, fills a
 :class:`~airflow_stateful.core.data.chunk_cache.LocalChunkCache` with one untimed restore, and then times,
 interleaved (the order rotates every repetition, so no side always runs first, on a warmer server):
@@ -16,8 +17,8 @@ interleaved (the order rotates every repetition, so no side always runs first, o
 * **no cache** (skipped with ``--quick``): the same restore without the cache: every chunk downloaded.
 
 The figure is the ratio of the medians, warm cache / download_file; the goal is <= 0.1. Ratios, never
-absolute times: moto (one Python process on the same cores, about 40 MiB/s down) dominates the baseline, and
-a faster endpoint makes the baseline shorter and the ratio larger; the warm restore's own cost (reading,
+absolute times: the server (moto: one Python process on the same cores, about 40 MiB/s down; SeaweedFS about
+200-250 MiB/s here) dominates the baseline, and a faster endpoint makes the baseline shorter and the ratio larger; the warm restore's own cost (reading,
 hashing twice, writing and fsyncing the restored file) depends only on the machine's disk and CPU.
 
 Fairness: the baseline client is built as ``S3ObjectStore`` builds its own (``bench_store.make_client``),
@@ -46,11 +47,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench_server import Endpoint, add_server_option, start_server
 from bench_store import (  # the same helpers as the store benchmark (this folder)
     CpuClock,
     RequestCounter,
     Side,
-    make_client,
+    endpoint_client,
     settle,
     write_random_file,
 )
@@ -58,9 +60,7 @@ from bench_store import (  # the same helpers as the store benchmark (this folde
 from airflow_stateful.core import CheckpointStore, Identity
 from airflow_stateful.core.data.chunk_cache import LocalChunkCache
 from airflow_stateful.core.stores.s3 import MIB, S3ObjectStore
-from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer
 
-REGION = "us-east-1"
 GOAL = 0.1  # issue 13: "retry on the same worker restoring 1 GiB unchanged | baseline: download | <= 0.1x"
 IDENTITY = Identity.for_task(dag_id="bench", task_id="restore_cache", name="model")
 
@@ -77,32 +77,47 @@ def evict_from_page_cache(directory: Path) -> None:
                 os.close(fd)
 
 
+def local_copy_floor(work: Path, out_dir: Path, restore: Callable[[], None], runs: int = 3) -> float:
+    """Median seconds to copy the restored file to a new file here and fsync it (untimed restore first): the
+    least a restore from a local cache must do (read the bytes, write them, make them durable), no hashing."""
+    restore()
+    [src] = [p for p in out_dir.rglob("*") if p.is_file()]
+    times = []
+    for _ in range(runs):
+        settle()
+        dst = work / "floor-copy.bin"
+        start = time.perf_counter()
+        shutil.copyfile(src, dst)
+        fd = os.open(dst, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        times.append(time.perf_counter() - start)
+        dst.unlink()
+    shutil.rmtree(out_dir)
+    return statistics.median(times)
+
+
 def size_label(size_mib: int) -> str:
     return f"{size_mib // 1024} GiB" if size_mib % 1024 == 0 else f"{size_mib} MiB"
 
 
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    with start_server(args.server) as server:
+        return run_on(server, args, log)
+
+
+def run_on(server: Endpoint, args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     size = args.size_mib * MIB
-    server = MotoServer.start()
     store: S3ObjectStore | None = None
     try:
-        log(f"moto server on {server.endpoint_url}")
+        log(f"{server.server} server on {server.url}")
         bucket = f"bench-{uuid.uuid4().hex[:10]}"
-
-        def new_store() -> S3ObjectStore:
-            return S3ObjectStore(
-                bucket=bucket,
-                prefix="candidate",
-                endpoint_url=server.endpoint_url,
-                region_name=REGION,
-                aws_access_key_id=DUMMY_ACCESS_KEY,
-                aws_secret_access_key=DUMMY_SECRET_KEY,
-            )
-
-        store = new_store()
-        client = make_client(server.endpoint_url, store.max_concurrency)
+        store = S3ObjectStore(bucket=bucket, prefix="candidate", **server.store_kwargs())
+        client = endpoint_client(server, store.max_concurrency)
         client.create_bucket(Bucket=bucket)
-        clock = CpuClock(server.process.pid)
+        clock = CpuClock(server.pid)
         base_count, cand_count = RequestCounter(client), RequestCounter(store.client)
         with tempfile.TemporaryDirectory(prefix="stateful-bench-cache-") as tmp:
             work = Path(tmp)
@@ -175,11 +190,16 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                         f"  {side.name:<22} #{i + 1}: {side.seconds[-1]:.2f} s, {side.requests[-1]} request(s)"
                     )
             client.delete_object(Bucket=bucket, Key=key)
+            copy = local_copy_floor(work, out_dir, lambda: restore(None))
+            log(
+                f"local floor: copying the {args.size_mib} MiB file here (read + write + fsync): {copy:.2f} s"
+            )
     finally:
         if store is not None:
             store.close()
-        server.stop()
     return {
+        "server": server.server,
+        "endpoint": server.description,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "cpus": os.cpu_count(),
         "size_mib": args.size_mib,
@@ -187,12 +207,13 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         "cold": args.cold,
         "cache_hits_per_warm_run": hits,
         "sides": [s for s in (baseline, warm, nocache) if s.seconds],
+        "local_copy_s": copy,
     }
 
 
 def report_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The target row (bench_rows.py's schema): warm cache vs download_file; vs no cache in its notes."""
-    from bench_rows import sides_row  # only with --json-out: the table's shared schema
+    from bench_rows import floor, sides_row  # only with --json-out: the table's shared schema
 
     baseline, warm, *rest = result["sides"]
     label = size_label(result["size_mib"])
@@ -216,7 +237,12 @@ def report_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             base=baseline,
             cand=warm,
             goal=GOAL,
-            notes=notes,
+            notes=notes
+            + f"; floor: copying the file here (read + write + fsync) {result['local_copy_s']:.2f} s",
+            floor=floor(
+                result["local_copy_s"] / statistics.median(baseline.seconds),
+                "copying the file here (read + write + fsync), no request, no hashing",
+            ),
         )
     ]
     return rows
@@ -227,10 +253,10 @@ def print_table(result: dict[str, Any]) -> None:
     label = size_label(result["size_mib"])
     print()
     print(
-        f"restore cache benchmark, {result['date']}, {result['cpus']} CPU(s), moto on loopback; {label} in "
+        f"restore cache benchmark, {result['date']}, {result['cpus']} CPU(s), {result['server']} on loopback; {label} in "
         f"{result['chunks']} chunks; cache {'read from disk (--cold)' if result['cold'] else 'in the page cache'}"
     )
-    header = f"{'side':<24} {'runs':>4} {'median':>9} {'min':>9} {'max':>9} {'req/op':>7} {'client CPU':>10} {'moto CPU':>9}"
+    header = f"{'side':<24} {'runs':>4} {'median':>9} {'min':>9} {'max':>9} {'req/op':>7} {'client CPU':>10} {'srv CPU':>9}"
     print(header)
     print("-" * len(header))
     for side in sides:
@@ -269,6 +295,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--json-out", type=Path, default=None, help="write the target rows here (bench_rows.py)"
     )
+    add_server_option(parser)
     args = parser.parse_args(argv)
     if args.size_mib < 1 or args.repeat < 1:
         parser.error("--size-mib and --repeat must be at least 1")
@@ -291,9 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         print_table(result)
         print(f"total wall time: {time.perf_counter() - started:.0f} s")
     if args.json_out is not None:
-        from bench_rows import moto_endpoint, write_json_out
+        from bench_rows import write_json_out
 
-        write_json_out(args.json_out, report_rows(result), endpoint=moto_endpoint())
+        write_json_out(
+            args.json_out, report_rows(result), endpoint=result["endpoint"], server=result["server"]
+        )
     return 0
 
 

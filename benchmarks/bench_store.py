@@ -1,8 +1,10 @@
 """Benchmark the S3 checkpoint store against plain boto3 on the same S3 endpoint.
 
-Run it with ``.venv/bin/python benchmarks/bench_store.py`` (``--help`` for options). It starts moto's S3
-server on 127.0.0.1 in a subprocess (:class:`~airflow_stateful.testing.s3_server.MotoServer`), creates a
-bucket, and measures three cases, each against the plain-boto3 operation a user would otherwise write:
+Run it with ``.venv/bin/python benchmarks/bench_store.py`` (``--help`` for options). It starts an S3 server
+on 127.0.0.1 in a subprocess (``--server moto``, the default: moto's,
+:class:`~airflow_stateful.testing.s3_server.MotoServer`; ``--server seaweedfs``: SeaweedFS, a real S3 server,
+see ``bench_server.py``), creates a bucket, and measures these cases, each against the plain-boto3 operation a
+user would otherwise write:
 
 1. **large commit**: ``CheckpointStore.commit(lease, value, files=<one N MiB file>)`` vs ``upload_file``;
    each commit goes to an identity of its own, so every chunk is uploaded (no dedup);
@@ -10,7 +12,18 @@ bucket, and measures three cases, each against the plain-boto3 operation a user 
    bytes stored as one object (moto serves the ranged GETs of ``download_file`` at about 40 MiB/s, slower
    than whole-object GETs of chunks: that part of the ratio is moto's, see docs/performance.md);
 3. **small commit**: a value-only commit of ~1 KB of JSON by a lease holder that commits repeatedly (steady
-   state: head record cached, old checkpoints deleted in batches) vs one ``put_object`` of ~1 KB.
+   state: head record cached, old checkpoints deleted in batches) vs one ``put_object`` of ~1 KB;
+4. **large save** (issue 24's first row): ``TaskState.save(value, files=dir)`` on a :class:`WriterSession`,
+   the way a task saves, of a directory holding the N MiB file, vs ``upload_file`` of the same file; before
+   every pair the file gets fresh random bytes (untimed), so every save uploads everything.
+
+Floors (issue 24: "for any goal missed, the measured floor that stops it"): the large commit, save and restore
+also time, interleaved with the two sides, *plain boto3 sending the library's requests*: a pool of as many
+threads as the library's parallelism doing ``put_object`` of the same chunk-sized slices of the file (commit,
+save), or ``get_object`` of the library's own chunk objects written into one file at their offsets (restore),
+with no hashing, staging or verification. Its ratio to the baseline is the row's ``floor``: what the library's
+request pattern costs on this server, so a ratio near the floor is the server's (or the request pattern's) and
+a ratio far above it is the library's own work.
 
 Why ratios, and why interleaved: the absolute numbers say more about moto than about this library. moto is
 a single Python process that shares the machine's cores (two, on CI) with the benchmark, so its speed
@@ -68,23 +81,28 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import boto3
-from bench_rows import moto_endpoint, sides_row, write_json_out  # this folder
+from bench_rows import floor, sides_row, write_json_out  # this folder
+from bench_server import Endpoint, add_server_option, start_server
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.protocol.session import WriterSession
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.s3 import MIB, S3ObjectStore
-from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer
+from airflow_stateful.task_state import TaskState
+from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY
 
 REGION = "us-east-1"
-GOALS = {"large_commit": 1.10, "large_restore": 1.10, "small_commit": 1.3}  # issue 13's targets
+GOALS = {"large_commit": 1.10, "large_restore": 1.10, "small_commit": 1.3, "large_save": 1.0}  # 13's, 24's
 SMALL_VALUE_BYTES = 1024
 WARMUP_SMALL = 40  # > the delete batch (16) so the timed commits see the steady state
 
@@ -130,7 +148,7 @@ def _reset_hwm() -> bool:
 
 
 class CpuClock:
-    """CPU seconds (user + system, all threads) of this process and of the moto server process."""
+    """CPU seconds (user + system, all threads) of this process and of the S3 server's process."""
 
     def __init__(self, server_pid: int | None) -> None:
         self.server_pid = server_pid
@@ -221,6 +239,7 @@ class Case:
     candidate: Side
     size_bytes: int
     goal: float
+    floor: Side | None = None  # plain boto3 sending the library's requests (issue 24's floor)
 
     def summary(self) -> dict[str, Any]:
         b, c = self.baseline.summary(), self.candidate.summary()
@@ -237,9 +256,13 @@ class Case:
             "goal": self.goal,
             "verdict": "PASS" if ratio <= self.goal else "MISS",
         }
+        if self.floor is not None and self.floor.seconds:
+            out["floor"] = self.floor.summary()
+            out["floor_ratio"] = out["floor"]["median_s"] / b["median_s"]
         if self.size_bytes >= MIB:
-            out["baseline"]["mib_per_s"] = self.size_bytes / MIB / b["median_s"]
-            out["candidate"]["mib_per_s"] = self.size_bytes / MIB / c["median_s"]
+            for side in ("baseline", "candidate", "floor"):
+                if side in out:
+                    out[side]["mib_per_s"] = self.size_bytes / MIB / out[side]["median_s"]
         return out
 
 
@@ -258,11 +281,80 @@ def interleave(
                 between()
 
 
+def rotate(
+    repeat: int, sides: list[Callable[[int], object]], between: Callable[[], object] | None = None
+) -> None:
+    """Like :func:`interleave` for any number of sides: the order rotates every repetition (B C F, C F B, ...)."""
+    for i in range(repeat):
+        for fn in sides[i % len(sides) :] + sides[: i % len(sides)]:
+            fn(i)
+            if between is not None:
+                between()
+
+
+# -- floors: plain boto3 sending the library's requests ------------------------------------------------------
+def chunk_layout(cs: CheckpointStore, manifest: Any) -> list[tuple[str, int, int]] | None:
+    """(object key in the bucket, offset in the file, size) of every chunk of a one-file checkpoint, or None
+    when the checkpoint does not look like that (a later format: then there is no floor)."""
+    try:
+        tree = cs.tree(manifest)
+        files = list(tree.files) if tree is not None else []
+        if len(files) != 1:
+            return None
+        store = cs.store
+        prefix = f"{store.prefix}/" if getattr(store, "prefix", "") else ""  # type: ignore[attr-defined]
+        out, offset = [], 0
+        for chunk in files[0].chunks:
+            out.append((prefix + chunk.key, offset, chunk.size))
+            offset += chunk.size
+        return out
+    except (AttributeError, TypeError):
+        return None
+
+
+def put_slices(
+    client: Any, bucket: str, src: Path, layout: list[tuple[str, int, int]], prefix: str, threads: int
+) -> None:
+    """``put_object`` of each (offset, size) slice of ``src`` under ``prefix``, ``threads`` at once."""
+    fd = os.open(src, os.O_RDONLY)
+    try:
+
+        def one(item: tuple[int, tuple[str, int, int]]) -> None:
+            n, (_, offset, size) = item
+            client.put_object(Bucket=bucket, Key=f"{prefix}/{n:05d}", Body=os.pread(fd, size, offset))
+
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, enumerate(layout)))
+    finally:
+        os.close(fd)
+
+
+def get_into(client: Any, bucket: str, layout: list[tuple[str, int, int]], dest: Path, threads: int) -> None:
+    """``get_object`` of every chunk object, each written at its offset into ``dest``, ``threads`` at once."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+
+        def one(item: tuple[str, int, int]) -> None:
+            key, offset, _ = item
+            os.pwrite(fd, client.get_object(Bucket=bucket, Key=key)["Body"].read(), offset)
+
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, layout))
+    finally:
+        os.close(fd)
+
+
 # -- setup -------------------------------------------------------------------------------------------------
-def make_client(endpoint_url: str, max_concurrency: int) -> Any:
+def make_client(
+    endpoint_url: str,
+    max_concurrency: int,
+    *,
+    access_key: str = DUMMY_ACCESS_KEY,
+    secret_key: str = DUMMY_SECRET_KEY,
+) -> Any:
     """A client configured like the one S3ObjectStore builds for itself (see stores/s3.py)."""
     session = boto3.session.Session(
-        aws_access_key_id=DUMMY_ACCESS_KEY, aws_secret_access_key=DUMMY_SECRET_KEY, region_name=REGION
+        aws_access_key_id=access_key, aws_secret_access_key=secret_key, region_name=REGION
     )
     return session.client(
         "s3",
@@ -275,7 +367,14 @@ def make_client(endpoint_url: str, max_concurrency: int) -> Any:
     )
 
 
-def make_store(endpoint_url: str, bucket: str, args: argparse.Namespace) -> S3ObjectStore:
+def endpoint_client(endpoint: Endpoint, max_concurrency: int) -> Any:
+    """:func:`make_client` for a running server (its URL and credentials)."""
+    return make_client(
+        endpoint.url, max_concurrency, access_key=endpoint.access_key, secret_key=endpoint.secret_key
+    )
+
+
+def make_store(endpoint: Endpoint, bucket: str, args: argparse.Namespace) -> S3ObjectStore:
     tuning: dict[str, int] = {}
     if args.part_size_mib is not None:
         tuning["part_size"] = args.part_size_mib * MIB
@@ -284,10 +383,7 @@ def make_store(endpoint_url: str, bucket: str, args: argparse.Namespace) -> S3Ob
     store = S3ObjectStore(
         bucket=bucket,
         prefix="candidate",
-        endpoint_url=endpoint_url,
-        region_name=REGION,
-        aws_access_key_id=DUMMY_ACCESS_KEY,
-        aws_secret_access_key=DUMMY_SECRET_KEY,
+        **endpoint.store_kwargs(),
         **tuning,  # type: ignore[arg-type]
     )
     return store
@@ -331,16 +427,19 @@ class Rig:
         self.ccount = RequestCounter(self.store.client)
 
 
-def bench_large(rig: Rig, *, work: Path, size: int, repeat: int) -> tuple[Case, Case]:
+def bench_large(rig: Rig, *, work: Path, size: int, repeat: int, save: bool = True) -> list[Case]:
+    """The large commit, the large (cold) restore and, with ``save``, the large save through ``state.save``:
+    each against boto3, each with its floor (plain boto3 sending the library's requests) interleaved."""
     client, store, bucket, log = rig.client, rig.store, rig.bucket, rig.log
     src = work / "payload.bin"
     log(f"writing a {size / MIB:.0f} MiB test file to {work}")
     write_random_file(src, size)
+    threads = int(getattr(store, "parallelism", store.max_concurrency))
 
     cs = CheckpointStore(store=store, identity=Identity.for_task(dag_id="bench", task_id="large", name="big"))
     lease = cs.acquire()
 
-    # Warm-up, untimed: connections, thread pools and moto's code paths for multipart up and ranged down.
+    # Warm-up, untimed: connections, thread pools and the server's code paths for multipart up and ranged down.
     warm = work / "warm.bin"
     write_random_file(warm, 2 * store.part_size + 1)
     client.upload_file(str(warm), bucket, "baseline/warm.bin")
@@ -352,6 +451,11 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int) -> tuple[Case, 
     shutil.rmtree(work / "warm-restore")
     settle()
 
+    # The chunk layout of this file (sizes and keys), for the floors: the library's requests, sent by boto3.
+    layout = chunk_layout(cs, cs.commit(lease, {"layout": True}, files=src))
+    if layout is None:
+        log("the checkpoint is not one file of chunks: no floors measured")
+
     mib = f"{size / MIB:.0f} MiB"
     commit = Case(
         "large_commit",
@@ -360,6 +464,7 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int) -> tuple[Case, 
         Side("CheckpointStore.commit"),
         size,
         GOALS["large_commit"],
+        floor=Side(f"boto3 put_object x{threads}") if layout else None,
     )
 
     def up_baseline(i: int) -> None:
@@ -367,7 +472,7 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int) -> tuple[Case, 
         commit.baseline.run(
             lambda: client.upload_file(str(src), bucket, key), rig.bcount, rig.clock, track_memory=True
         )
-        client.delete_object(Bucket=bucket, Key=key)  # keep moto's memory flat; untimed
+        client.delete_object(Bucket=bucket, Key=key)  # keep the server's storage flat; untimed
         log(f"  upload_file   #{i + 1}: {commit.baseline.seconds[-1]:.2f} s")
 
     def up_candidate(i: int) -> None:
@@ -380,15 +485,89 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int) -> tuple[Case, 
         commit.candidate.run(
             lambda: fresh.commit(fresh_lease, {"i": i}, files=src), rig.ccount, rig.clock, track_memory=True
         )
-        fresh.purge(fresh_lease)  # keep moto's memory flat; untimed
+        fresh.purge(fresh_lease)  # keep the server's storage flat; untimed
         log(f"  commit        #{i + 1}: {commit.candidate.seconds[-1]:.2f} s")
 
-    log(f"large commit: {repeat} x 2 runs, interleaved")
-    interleave(repeat, up_baseline, up_candidate, between=settle)
+    def up_floor(case: Case, path: Path) -> Callable[[int], None]:
+        """The floor side of a commit or save: ``put_object`` of ``path``'s chunk-sized slices, deleted after."""
+
+        def run(i: int) -> None:
+            assert case.floor is not None and layout is not None
+            prefix = f"floor/{case.key}-{i}"
+            case.floor.run(
+                lambda: put_slices(client, bucket, path, layout, prefix, threads), rig.bcount, rig.clock
+            )
+            for start in range(0, len(layout), 1000):
+                batch = [{"Key": f"{prefix}/{n:05d}"} for n in range(start, min(start + 1000, len(layout)))]
+                client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+            log(f"  floor (puts)  #{i + 1}: {case.floor.seconds[-1]:.2f} s")
+
+        return run
+
+    log(f"large commit: {repeat} x {3 if layout else 2} runs, interleaved")
+    rotate(repeat, [up_baseline, up_candidate, *([up_floor(commit, src)] if layout else [])], between=settle)
+    cases = [commit]
+
+    if save:
+        # Issue 24's row: the way a task saves, TaskState.save(value, files=dir) on a writer session (no worker
+        # restore cache: a session given none keeps no copy). Fresh bytes before every pair, untimed, so both
+        # sides upload everything every time (the session would otherwise send only what changed).
+        save_dir = work / "save"
+        save_dir.mkdir()
+        save_file = save_dir / "payload.bin"
+        saver = CheckpointStore(
+            store=store, identity=Identity.for_task(dag_id="bench", task_id="large", name="save"), keep_last=2
+        )
+        large_save = Case(
+            "large_save",
+            f"state.save of a {mib} file vs upload_file",
+            Side("boto3 upload_file"),
+            Side("TaskState.save"),
+            size,
+            GOALS["large_save"],
+            floor=Side(f"boto3 put_object x{threads}") if layout else None,
+        )
+        with WriterSession(checkpoints=saver, writer=WriterInfo(try_number=1)) as session:
+            state = TaskState(session=session)
+            write_random_file(save_file, 8 * MIB)
+            state.save({"warm": True}, files=save_dir)  # untimed: the session's first save
+
+            def sv_baseline(i: int) -> None:
+                key = f"baseline/save-{i}.bin"
+                large_save.baseline.run(
+                    lambda: client.upload_file(str(save_file), bucket, key),
+                    rig.bcount,
+                    rig.clock,
+                    track_memory=True,
+                )
+                client.delete_object(Bucket=bucket, Key=key)
+                log(f"  upload_file   #{i + 1}: {large_save.baseline.seconds[-1]:.2f} s")
+
+            def sv_candidate(i: int) -> None:
+                large_save.candidate.run(
+                    lambda: state.save({"i": i}, files=save_dir), rig.ccount, rig.clock, track_memory=True
+                )
+                log(f"  state.save    #{i + 1}: {large_save.candidate.seconds[-1]:.2f} s")
+
+            sides: list[Callable[[int], None]] = [
+                sv_baseline,
+                sv_candidate,
+                *([up_floor(large_save, save_file)] if layout else []),
+            ]
+            log(f"large save: {repeat} x {len(sides)} runs, interleaved, fresh bytes before each round")
+            for i in range(repeat):
+                write_random_file(save_file, size)  # untimed
+                settle()
+                for fn in sides[i % len(sides) :] + sides[: i % len(sides)]:
+                    fn(i)
+                    settle()
+        shutil.rmtree(save_dir)
+        cases.append(large_save)
 
     cs.commit(lease, {"restore": True}, files=src)
     manifest = cs.latest()
     assert manifest is not None and [f.path for f in cs.files(manifest)] == ["payload.bin"]
+    restore_layout = chunk_layout(cs, manifest)
     full_key = "baseline/download.bin"  # the same bytes as one object, what a user would download
     client.upload_file(str(src), bucket, full_key)
     restore = Case(
@@ -398,6 +577,7 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int) -> tuple[Case, 
         Side("latest() + restore_files"),
         size,
         GOALS["large_restore"],
+        floor=Side(f"boto3 get_object x{threads}") if restore_layout else None,
     )
     out_file = work / "download.bin"
     out_dir = work / "restore"
@@ -416,18 +596,31 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int) -> tuple[Case, 
         def run() -> None:
             m = cs.latest()
             assert m is not None
-            cs.restore_files(m, out_dir)
+            cs.restore_files(m, out_dir)  # cold: a CheckpointStore has no restore cache unless given one
 
         restore.candidate.run(run, rig.ccount, rig.clock, track_memory=True)
         shutil.rmtree(out_dir)
         log(f"  restore       #{i + 1}: {restore.candidate.seconds[-1]:.2f} s")
 
-    log(f"large restore: {repeat} x 2 runs, interleaved")
-    interleave(repeat, down_baseline, down_candidate, between=settle)
+    def down_floor(i: int) -> None:
+        assert restore.floor is not None and restore_layout is not None
+        restore.floor.run(
+            lambda: get_into(client, bucket, restore_layout, out_file, threads), rig.bcount, rig.clock
+        )
+        out_file.unlink()
+        log(f"  floor (gets)  #{i + 1}: {restore.floor.seconds[-1]:.2f} s")
+
+    log(f"large restore: {repeat} x {3 if restore_layout else 2} runs, interleaved")
+    rotate(
+        repeat,
+        [down_baseline, down_candidate, *([down_floor] if restore_layout else [])],
+        between=settle,
+    )
+    cases.append(restore)
     cs.release(lease)
     client.delete_object(Bucket=bucket, Key=full_key)
     src.unlink()
-    return commit, restore
+    return cases
 
 
 def bench_small(rig: Rig, *, repeat: int) -> Case:
@@ -437,10 +630,14 @@ def bench_small(rig: Rig, *, repeat: int) -> Case:
     )
     lease = cs.acquire()
     body = json.dumps(small_value(0), separators=(",", ":")).encode()
+    warm_requests: list[int] = []
     for i in range(WARMUP_SMALL):  # untimed: connections, cached head, retention and delete batches in play
         client.put_object(Bucket=bucket, Key="baseline/small.json", Body=body)
-        cs.commit(lease, small_value(i))
+        with rig.ccount.measure(warm_requests):
+            cs.commit(lease, small_value(i))
     settle()
+    # The floor: as many ~1 KB PUTs, one after the other, as a steady-state commit sends requests (its median).
+    puts = max(1, round(statistics.median(warm_requests[WARMUP_SMALL // 2 :])))
 
     case = Case(
         "small_commit",
@@ -449,6 +646,7 @@ def bench_small(rig: Rig, *, repeat: int) -> Case:
         Side("CheckpointStore.commit"),
         len(body),
         GOALS["small_commit"],
+        floor=Side(f"{puts} x boto3 put_object"),
     )
 
     def baseline(i: int) -> None:
@@ -462,8 +660,16 @@ def bench_small(rig: Rig, *, repeat: int) -> Case:
         value = small_value(WARMUP_SMALL + i)  # built outside the timing, like the baseline's body
         case.candidate.run(lambda: cs.commit(lease, value), rig.ccount, rig.clock)
 
-    rig.log(f"small commit: {repeat} x 2 runs, interleaved")
-    interleave(repeat, baseline, candidate)
+    def floor_side(i: int) -> None:
+        def run() -> None:
+            for n in range(puts):
+                client.put_object(Bucket=bucket, Key=f"floor/small-{n}.json", Body=body)
+
+        assert case.floor is not None
+        case.floor.run(run, rig.bcount, rig.clock)
+
+    rig.log(f"small commit: {repeat} x 3 runs, interleaved (floor: {puts} PUT(s) per commit)")
+    rotate(repeat, [baseline, candidate, floor_side])
     cs.release(lease)
     return case
 
@@ -479,34 +685,37 @@ def print_table(report: dict[str, Any]) -> None:
     tune = report["candidate_store"]
     print()
     print(
-        f"airflow_stateful store benchmark, {report['date']}, {report['cpus']} CPU(s), moto on loopback; "
+        f"airflow_stateful store benchmark, {report['date']}, {report['cpus']} CPU(s), {report['endpoint']}; "
         f"candidate part_size {tune['part_size_mib']:g} MiB, max_concurrency {tune['max_concurrency']}"
         + ("" if report["expect_100_continue"] else ", no Expect: 100-continue (experiment, both sides)")
     )
-    print("times are per operation; CPU: mean per operation (client = this process, moto = server process)")
+    print("times are per operation; CPU: mean per operation (client = this process, server = the S3 server)")
     header = (
-        f"{'case':<40} {'side':<25} {'runs':>4} {'median':>10} {'min':>10} {'max':>10} {'req/op':>6} "
-        f"{'client CPU':>10} {'moto CPU':>10}"
+        f"{'case':<44} {'side':<25} {'runs':>4} {'median':>10} {'min':>10} {'max':>10} {'req/op':>6} "
+        f"{'client CPU':>10} {'server CPU':>10}"
     )
     print(header)
     print("-" * len(header))
     for case in report["cases"]:
-        for label, side in (("baseline", case["baseline"]), ("candidate", case["candidate"])):
+        for label in ("baseline", "candidate", "floor"):
+            if label not in case:
+                continue
+            side = case[label]
             title = case["title"] if label == "baseline" else ""
             rate = f"  {side['mib_per_s']:.0f} MiB/s" if "mib_per_s" in side else ""
             print(
-                f"{title:<40} {side['name']:<25} {side['runs']:>4} {_fmt_s(side['median_s']):>10} "
+                f"{title:<44} {side['name']:<25} {side['runs']:>4} {_fmt_s(side['median_s']):>10} "
                 f"{_fmt_s(side['min_s']):>10} {_fmt_s(side['max_s']):>10} {side['requests_per_op']:>6.2f} "
                 f"{_fmt_s(side['client_cpu_s']):>10} {_fmt_s(side['server_cpu_s']):>10}{rate}"
             )
     print()
     print(
-        f"{'goal (verdict on the ratio of medians)':<40} {'ratio of medians':>16} {'of means':>9} "
+        f"{'goal (verdict on the ratio of medians)':<44} {'ratio of medians':>16} {'of means':>9} "
         f"{'of mins':>8} {'goal':>7} {'verdict':>7}"
     )
     for case in report["cases"]:
         print(
-            f"{case['title']:<40} {case['ratio_of_medians']:>16.3f} {case['ratio_of_means']:>9.3f} "
+            f"{case['title']:<44} {case['ratio_of_medians']:>16.3f} {case['ratio_of_means']:>9.3f} "
             f"{case['ratio_min']:>8.3f} {'<= ' + format(case['goal'], '.2f'):>7} {case['verdict']:>7}"
         )
     print()
@@ -525,7 +734,31 @@ def print_table(report: dict[str, Any]) -> None:
 RSS_GOAL_MIB = 64.0  # issue 13: peak RSS growth of a commit or a restore, any size
 
 
-def json_rows(cases: list[Case], *, size_mib: int) -> list[dict[str, Any]]:
+FLOOR_WHAT = {
+    "large_commit": "the library's chunk-sized PUTs, no hashing",
+    "large_save": "the library's chunk-sized PUTs, no hashing",
+    "large_restore": "GETs of the library's own chunk objects into one file, no verification",
+    "small_commit": "as many ~1 KB PUTs, one after the other, as the commit sends requests",
+}
+
+
+def cpu_figures(a: Side, b: Side | None, server: str) -> str:
+    """'client X / Y s, <server> X / Y s (Z% / W% of the wall time)': CPU seconds per op, means."""
+
+    def share(side: Side) -> str:
+        wall = statistics.fmean(side.seconds)
+        return f"{100 * statistics.fmean(side.server_cpu) / wall:.0f}%" if side.server_cpu and wall else "n/a"
+
+    sides = [a] if b is None else [a, b]
+    client = " / ".join(f"{statistics.fmean(s.client_cpu):.2f}" for s in sides)
+    out = f"client {client} s"
+    if all(s.server_cpu for s in sides):
+        srv = " / ".join(f"{statistics.fmean(s.server_cpu):.2f}" for s in sides)
+        out += f", {server} {srv} s ({' / '.join(share(s) for s in sides)} of one core over the wall time)"
+    return out
+
+
+def json_rows(cases: list[Case], *, size_mib: int, server: str = "moto") -> list[dict[str, Any]]:
     """The ``--json-out`` rows (schema in bench_rows.py): one per case, and the peak RSS growth of the library."""
     titles = {
         "large_commit": (
@@ -543,18 +776,34 @@ def json_rows(cases: list[Case], *, size_mib: int) -> list[dict[str, Any]]:
             "one put_object",
             "CheckpointStore.commit(lease, value), same lease, steady state",
         ),
+        "large_save": (
+            f"large save through state.save ({size_mib} MiB)",
+            "boto3 upload_file (default TransferConfig)",
+            "TaskState.save(value, files=dir) on a WriterSession, fresh bytes",
+        ),
     }
     rows = []
     for case in cases:
         scenario, baseline, candidate = titles[case.key]
         b, c = case.baseline, case.candidate
-        moto = ""
-        if b.server_cpu and c.server_cpu:
-            moto = f", moto {statistics.fmean(b.server_cpu):.2f} / {statistics.fmean(c.server_cpu):.2f} s"
-        notes = (
-            f"CPU per op (baseline / candidate): client {statistics.fmean(b.client_cpu):.2f} / "
-            f"{statistics.fmean(c.client_cpu):.2f} s{moto}"
-        )
+        notes = f"CPU per op (baseline / candidate): {cpu_figures(b, c, server)}"
+        extra: dict[str, Any] = {}
+        if case.floor is not None and case.floor.seconds:
+            f = case.floor
+            ratio = statistics.median(f.seconds) / statistics.median(b.seconds)
+            extra["floor"] = floor(ratio, f"{f.name}: {FLOOR_WHAT[case.key]}")
+            extra["floor_median_s"] = round(statistics.median(f.seconds), 6)
+            notes += (
+                f"; floor ({f.name}: {FLOOR_WHAT[case.key]}) {ratio:.3f}x, median "
+                f"{statistics.median(f.seconds):.3f} s, {statistics.fmean(f.requests):.1f} requests, "
+                f"{cpu_figures(f, None, server)}"
+            )
+        if case.size_bytes >= MIB:
+            notes += (
+                f"; medians {statistics.median(b.seconds):.2f} / {statistics.median(c.seconds):.2f} s "
+                f"({case.size_bytes / MIB / statistics.median(b.seconds):.0f} / "
+                f"{case.size_bytes / MIB / statistics.median(c.seconds):.0f} MiB/s)"
+            )
         rows.append(
             sides_row(
                 scenario=scenario,
@@ -564,9 +813,12 @@ def json_rows(cases: list[Case], *, size_mib: int) -> list[dict[str, Any]]:
                 cand=c,
                 goal=case.goal,
                 notes=notes,
+                **extra,
             )
         )
     growth = {c.key: c.candidate.peak_growth_mib for c in cases if c.candidate.peak_growth_mib}
+    if "large_save" in growth and "large_commit" in growth:
+        growth["large_commit"] = growth["large_commit"] + growth["large_save"]
     if "large_commit" in growth and "large_restore" in growth:
         commit, restore = growth["large_commit"], growth["large_restore"]
         base = {c.key: c.baseline.peak_growth_mib for c in cases if c.baseline.peak_growth_mib}
@@ -613,6 +865,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-large", action="store_true", help="skip the large commit and restore")
     parser.add_argument("--skip-small", action="store_true", help="skip the small commit")
     parser.add_argument(
+        "--skip-save", action="store_true", help="skip the large save through state.save (issue 24's row)"
+    )
+    add_server_option(parser)
+    parser.add_argument(
         "--part-size-mib",
         type=int,
         default=None,
@@ -646,27 +902,34 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     cases: list[Case] = []
-    server = MotoServer.start()
     store: S3ObjectStore | None = None
-    try:
-        log(f"moto server on {server.endpoint_url}")
-        bucket = f"bench-{uuid.uuid4().hex[:10]}"
-        store = make_store(server.endpoint_url, bucket, args)
-        client = make_client(server.endpoint_url, store.max_concurrency)
-        client.create_bucket(Bucket=bucket)
-        if args.no_expect_continue:
-            for c in (client, store.client):
-                c.meta.events.register_first("before-send", _strip_expect)
-        rig = Rig(client=client, store=store, bucket=bucket, clock=CpuClock(server.process.pid), log=log)
-        with tempfile.TemporaryDirectory(prefix="stateful-bench-") as tmp:
-            if not args.skip_large:
-                cases.extend(bench_large(rig, work=Path(tmp), size=args.size_mib * MIB, repeat=args.repeat))
-            if not args.skip_small:
-                cases.append(bench_small(rig, repeat=args.small_repeat))
-    finally:
-        if store is not None:
-            store.close()
-        server.stop()
+    with start_server(args.server) as endpoint:
+        try:
+            log(f"{args.server} server on {endpoint.url}")
+            bucket = f"bench-{uuid.uuid4().hex[:10]}"
+            store = make_store(endpoint, bucket, args)
+            client = endpoint_client(endpoint, store.max_concurrency)
+            client.create_bucket(Bucket=bucket)
+            if args.no_expect_continue:
+                for c in (client, store.client):
+                    c.meta.events.register_first("before-send", _strip_expect)
+            rig = Rig(client=client, store=store, bucket=bucket, clock=CpuClock(endpoint.pid), log=log)
+            with tempfile.TemporaryDirectory(prefix="stateful-bench-") as tmp:
+                if not args.skip_large:
+                    cases.extend(
+                        bench_large(
+                            rig,
+                            work=Path(tmp),
+                            size=args.size_mib * MIB,
+                            repeat=args.repeat,
+                            save=not args.skip_save,
+                        )
+                    )
+                if not args.skip_small:
+                    cases.append(bench_small(rig, repeat=args.small_repeat))
+        finally:
+            if store is not None:
+                store.close()
 
     transfer = TransferConfig()
     report = {
@@ -678,6 +941,7 @@ def main(argv: list[str] | None = None) -> int:
             "part_size_mib": store.part_size / MIB if store else None,
             "max_concurrency": store.max_concurrency if store else None,
         },
+        "endpoint": endpoint.description,
         "expect_100_continue": not args.no_expect_continue,
         "baseline_transfer_config": {
             "multipart_chunksize_mib": transfer.multipart_chunksize / MIB,
@@ -693,7 +957,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_table(report)
     if args.json_out is not None:
-        write_json_out(args.json_out, json_rows(cases, size_mib=args.size_mib), endpoint=moto_endpoint())
+        write_json_out(
+            args.json_out,
+            json_rows(cases, size_mib=args.size_mib, server=args.server),
+            endpoint=endpoint.description,
+            server=args.server,
+        )
     return 0
 
 

