@@ -16,12 +16,14 @@ CI has no Docker engine, so nothing here runs a container. Instead:
   :func:`airflow_stateful.testing.seaweedfs.server_command`, addresses and ports aside (a container listens on
   the compose network, the tests on 127.0.0.1). On loopback, that command and the init service's script run
   with the installed ``weed`` binary, and a checkpoint is committed through the Airflow connection;
-* the README's commands name services of the compose file and DAGs of ``dags/``;
+* the README's commands name services of the compose file and DAGs of ``dags/``, and its MinIO alternative is
+  a valid replacement for the SeaweedFS services;
 * the demo DAG ``killable_batch`` runs with ``dag.test()`` on the embedded default.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -740,6 +742,81 @@ def killable_batch_params() -> dict[str, Any]:
     match = re.search(r"params=(\{[^}]*\})", text)
     assert match
     return dict(json.loads(match.group(1).replace("'", '"')))
+
+
+# -- the README's MinIO alternative ------------------------------------------------------------------------
+def minio_alternative() -> dict[str, Any]:
+    """The YAML block of the README's "MinIO instead of SeaweedFS"."""
+    readme = (REPO / "README.md").read_text()
+    match = re.search(r"^### MinIO instead of SeaweedFS\n(.*?)(?=^#)", readme, re.M | re.S)
+    assert match, "README.md has no '### MinIO instead of SeaweedFS'"
+    blocks = re.findall(r"^```yaml\n(.*?)^```", match.group(1), re.M | re.S)
+    assert len(blocks) == 1, "one YAML block: what replaces the SeaweedFS services"
+    return dict(yaml.safe_load(blocks[0]))
+
+
+def swap_in(compose: dict[str, Any], alternative: dict[str, Any]) -> dict[str, Any]:
+    """docker-compose.yaml after the edit the README describes: its S3 services, volume and connection out,
+    the alternative's in, and its init where the Airflow services waited for seaweedfs-init."""
+    assert set(alternative) == {"x-airflow-common", "services", "volumes"}
+    assert set(alternative["x-airflow-common"]) == {"environment", "depends_on"}
+    swapped = copy.deepcopy(compose)  # keeps the sharing that YAML anchors made: one edit reaches all
+    services = swapped["services"]
+    del services[S3_SERVICE], services[S3_INIT], swapped["volumes"]["seaweedfs-data"]
+    services.update(copy.deepcopy(alternative["services"]))
+    swapped["volumes"].update(alternative["volumes"])
+    common = alternative["x-airflow-common"]
+    for service in services.values():
+        depends_on = service.get("depends_on")
+        if isinstance(depends_on, dict) and S3_INIT in depends_on:
+            del depends_on[S3_INIT]
+            depends_on.update(copy.deepcopy(common["depends_on"]))
+        env = service.get("environment")
+        if isinstance(env, dict) and "AIRFLOW__STATEFUL__CONN_ID" in env:
+            env.pop("AIRFLOW_CONN_SEAWEEDFS", None)
+            env.update(common["environment"])
+    return swapped
+
+
+def test_the_readme_minio_alternative_replaces_the_seaweedfs_services(compose: dict[str, Any]) -> None:
+    """The swap gives a file that passes this module's checks: valid, every dependency met, ports on
+    127.0.0.1 only, and a connection that names the MinIO service with its root credentials; the init
+    creates the bucket of ``backend_url`` on the endpoint of that connection."""
+    import jsonschema
+
+    swapped = swap_in(compose, minio_alternative())
+    errors = sorted(jsonschema.Draft202012Validator(COMPOSE_SCHEMA).iter_errors(swapped), key=str)
+    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
+    services = swapped["services"]
+    assert not any("seaweedfs" in name for name in services), set(services)
+    one_shot = (ONE_SHOT - {S3_INIT}) | {"minio-init"}
+    graph = dependencies_resolve(services, one_shot)
+    assert "healthcheck" not in services["minio-init"] and "restart" not in services["minio-init"]
+    for name in (*AIRFLOW_SERVICES, "airflow-init", *CELERY_WORKERS, "flower"):
+        assert "minio-init" in graph[name], f"{name} does not wait for the bucket"
+    assert services["minio-init"]["depends_on"] == {"minio": {"condition": "service_healthy"}}
+    published_ports(services)  # 127.0.0.1 only
+    env = env_of(services["airflow-scheduler"])
+    assert all(env_of(services[name]) == env for name in AIRFLOW_SERVICES), "one configuration for all"
+    assert env["AIRFLOW__STATEFUL__CONN_ID"] == "minio" and "AIRFLOW_CONN_SEAWEEDFS" not in env
+    conn = airflow_connection(services)
+    endpoint = urlparse(conn["extra"]["endpoint_url"])
+    assert (endpoint.hostname, endpoint.port) == ("minio", 9000)
+    minio_env = env_of(services["minio"])
+    assert (conn["login"], conn["password"]) == (
+        minio_env["MINIO_ROOT_USER"],
+        minio_env["MINIO_ROOT_PASSWORD"],
+    )
+    script = init_script(services["minio-init"])
+    alias = re.search(r"mc alias set (\S+) (\S+) (\S+) (\S+)", script)
+    assert alias, script
+    assert alias.group(2) == conn["extra"]["endpoint_url"]
+    assert (alias.group(3), alias.group(4)) == (conn["login"], conn["password"])
+    bucket = urlparse(env["AIRFLOW__STATEFUL__BACKEND_URL"]).netloc
+    assert f"mc mb --ignore-existing {alias.group(1)}/{bucket}" in script
+    # Pinned images from MinIO's own registry: minio/minio and minio/mc are gone from Docker Hub.
+    for name in ("minio", "minio-init"):
+        assert re.fullmatch(r"quay\.io/minio/(minio|mc):RELEASE\.[0-9TZ-]+", services[name]["image"])
 
 
 # -- the demo DAG -------------------------------------------------------------------------------------------
