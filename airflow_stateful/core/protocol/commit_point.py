@@ -58,7 +58,7 @@ class Committing(Protocol):
 def entry_for(cs: Committing, manifest: Manifest, head: HeadRecord) -> CheckpointEntry:
     """The head entry of ``manifest``: inline when small (one write commits it), else written as an object."""
     raw = canonical_json(manifest.to_json()) + b"\n"
-    inline = len(raw) <= INLINE_MANIFEST_BYTES and len(head.to_bytes()) + len(raw) <= INLINE_HEAD_BUDGET
+    inline = len(raw) <= INLINE_MANIFEST_BYTES and cs.heads.stored_size(head) + len(raw) <= INLINE_HEAD_BUDGET
     key = manifest_key(cs.identity.key, manifest.seq, manifest.commit_id)
     if not inline:
         cs.content.write_manifest(key, raw)

@@ -55,6 +55,8 @@ class HeadStore:
         self.backoff = backoff
         self.key = f"{identity.key}/{HEAD_NAME}"
         self._cached: tuple[HeadRecord, str] | None = None
+        #: The size of the stored form of ``_cached``'s head (what :meth:`stored_size` answers without encoding).
+        self._cached_size = 0
         self._mark_seen: HighWaterMark | None = None
         self._lock = threading.RLock()
 
@@ -74,7 +76,7 @@ class HeadStore:
                 return None, None
             head = self._read(blob.data)
             self._check_mark(head)
-            self._cached = (head, blob.etag)
+            self._cached, self._cached_size = (head, blob.etag), len(blob.data)
             return head, blob.etag
 
     def cached(self) -> HeadRecord | None:
@@ -83,6 +85,14 @@ class HeadStore:
         if cached is None:
             return self.load()[0]
         return cached[0]
+
+    def stored_size(self, head: HeadRecord) -> int:
+        """The size of ``head``'s stored form: known without encoding it again when it is the head this process
+        last read or wrote (a commit asks, to decide whether its manifest fits inline)."""
+        cached = self._cached
+        if cached is not None and cached[0] is head:
+            return self._cached_size
+        return len(self._encode(head))
 
     def update(self, decide: Callable[[HeadRecord | None], HeadRecord], *, fresh: bool = True) -> HeadRecord:
         """Apply ``decide`` to the current head and store the result atomically.
@@ -104,15 +114,31 @@ class HeadStore:
                 return current
             return decided.evolve(updated_at=utcnow_iso(self.clock()))
 
+        # The size of every head read or encoded here, so the one stored afterwards is known without encoding it
+        # again (:meth:`stored_size`).
+        sizes: list[tuple[HeadRecord, int]] = []
+
+        def read(data: bytes) -> HeadRecord:
+            head = self._read(data)
+            sizes.append((head, len(data)))
+            return head
+
+        def encode(head: HeadRecord) -> bytes:
+            data = self._encode(head)
+            sizes.append((head, len(data)))
+            return data
+
         with self._lock:
             start = self._cached if not fresh and self._cached is not None else None
+            if start is not None:
+                sizes.append((start[0], self._cached_size))
             try:
                 head, etag = compare_and_swap(
                     self.store,
                     self.key,
                     stamped,
-                    read=self._read,
-                    encode=self._encode,
+                    read=read,
+                    encode=encode,
                     start=start,
                     backoff=self.backoff,
                     what="head record",
@@ -126,6 +152,8 @@ class HeadStore:
                 self._cached = None
                 raise ObjectNotFoundError(f"identity {self.identity} has no head record in {self.store.url}")
             self._cached = (head, etag)
+            known = [size for seen, size in sizes if seen is head]
+            self._cached_size = known[-1] if known else len(self._encode(head))
             self._raise_mark(head)
             return head
 

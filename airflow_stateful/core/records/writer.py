@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from airflow_stateful.core.records.fields import Fields
@@ -40,7 +40,8 @@ class WriterInfo:
         return cls(**base)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        # Every field is a str or an int: no deep copy (``asdict``) needed, and this runs for every commit.
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None, *, what: str = "writer") -> WriterInfo:

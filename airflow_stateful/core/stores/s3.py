@@ -146,7 +146,7 @@ class S3ObjectStore(ObjectStore):
         self.list_page_size = list_page_size
         self.endpoint_url = endpoint_url
         if client is None:
-            from airflow_stateful.core.stores.s3_session import s3_client
+            from airflow_stateful.core.stores.s3_session import s3_client, skip_expect_for_small_puts
 
             assume_role = check_assume_role(role_arn, assume_role_kwargs)
             config = botocore_config(
@@ -167,6 +167,7 @@ class S3ObjectStore(ObjectStore):
                 sts_endpoint_url=sts_endpoint_url,
                 verify=check_verify(verify),
             )
+            skip_expect_for_small_puts(client)  # a client of the caller's is used as it is
         self.client = client
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         # Small chunks are latency-bound: more of them in flight than multipart parts (the pool below is sized

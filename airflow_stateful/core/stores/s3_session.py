@@ -93,6 +93,30 @@ def _session_with(credentials: Any, *, region_name: str | None) -> boto3.session
     return boto3.session.Session(botocore_session=core, region_name=region_name)
 
 
+SMALL_PUT_BYTES = 64 * 1024
+"""PUTs up to this size are sent without ``Expect: 100-continue`` (see :func:`skip_expect_for_small_puts`)."""
+
+
+def skip_expect_for_small_puts(client: Any) -> None:
+    """Send small PUTs (a head, a manifest, a state document) without ``Expect: 100-continue``.
+
+    botocore asks for ``100 Continue`` before every PUT body, so each PUT waits one extra round trip before it
+    sends its body: for a head record of a few KiB that is a sizeable share of a small commit. The handshake only
+    helps when the server refuses before the body is sent (a 412); sending a few KiB in vain then costs less
+    than the round trip on every commit. Larger bodies (chunks, parts) keep it. Nothing else changes: the
+    conditions, the checksums and the signature are the same.
+    """
+    client.meta.events.register(
+        "before-send.s3.PutObject", _drop_expect_if_small, unique_id="airflow-stateful-small-put"
+    )
+
+
+def _drop_expect_if_small(request: Any, **_: Any) -> None:
+    length = request.headers.get("Content-Length")
+    if length is not None and int(length) <= SMALL_PUT_BYTES and "Expect" in request.headers:
+        del request.headers["Expect"]
+
+
 def s3_client(
     *,
     config: Config,
