@@ -7,15 +7,19 @@ the handshake. These run on the session's S3 endpoint (moto by default, SeaweedF
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from s3_endpoint import S3Endpoint
 
-from airflow_stateful.core.errors import FencedError
+from airflow_stateful.core.errors import CheckpointCorruptError, FencedError
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.records.identity import Identity
-from airflow_stateful.core.stores.s3 import MIB
+from airflow_stateful.core.stores.s3 import MIB, S3ObjectStore
 from airflow_stateful.core.stores.s3_session import SMALL_PUT_BYTES
 
 pytestmark = pytest.mark.s3
@@ -113,3 +117,73 @@ def test_the_stored_head_size_is_known_without_encoding_it_again(
     assert loaded is not None and cs.heads.stored_size(loaded) == stored
     other = head.evolve(next_seq=head.next_seq + 1)  # not the cached head: encoded to tell
     assert cs.heads.stored_size(other) == len(other.to_bytes())
+
+
+def big_file(root: Path, size: int) -> Path:
+    files = root / "files"
+    files.mkdir()
+    (files / "big.bin").write_bytes(os.urandom(size))
+    return files
+
+
+def test_chunk_reads_skip_the_transport_checksum_every_other_read_asks_for_it(
+    s3_endpoint: S3Endpoint, s3_prefix: str, tmp_path: Path
+) -> None:
+    """A chunk's bytes are checked against its SHA-256 by the restore, so botocore need not also compute the
+    CRC32 of each response; heads, trees and state documents have the server's checksum checked as before."""
+    store = s3_endpoint.store(s3_prefix)
+    cs = CheckpointStore(store=store, identity=Identity.parse("wire/restore"))
+    lease = cs.acquire()
+    cs.commit(lease, {"step": 1}, files=big_file(tmp_path, 9 * MIB))
+    wire = Wire(store.client)
+    reader = CheckpointStore(store=store, identity=Identity.parse("wire/restore"))
+    reader.restore_files(reader.latest(), tmp_path / "out")  # type: ignore[arg-type]
+    modes = {url.rsplit("/", 2)[-2]: headers.get("x-amz-checksum-mode") for _, url, headers in wire.take()}
+    assert modes.pop("~chunks") is None
+    assert modes and set(modes.values()) == {"ENABLED"}, modes  # the head and the tree
+    assert (tmp_path / "out" / "big.bin").read_bytes() == (tmp_path / "files" / "big.bin").read_bytes()
+
+
+def test_a_corrupt_chunk_is_still_refused(s3_endpoint: S3Endpoint, s3_prefix: str, tmp_path: Path) -> None:
+    store = s3_endpoint.store(s3_prefix)
+    cs = CheckpointStore(store=store, identity=Identity.parse("wire/corrupt"))
+    lease = cs.acquire()
+    manifest = cs.commit(lease, {"step": 1}, files=big_file(tmp_path, 6 * MIB))
+    chunk = cs.tree(manifest).files[0].chunks[0]  # type: ignore[union-attr]
+    data = bytearray(store.get_chunk(chunk.key, size=chunk.size))
+    data[len(data) // 2] ^= 1
+    store.client.put_object(Bucket=store.bucket, Key=f"{s3_prefix}/{chunk.key}", Body=bytes(data))
+    with pytest.raises(CheckpointCorruptError, match="corrupt"):
+        cs.restore_files(manifest, tmp_path / "out")
+    assert not (tmp_path / "out" / "big.bin").exists()
+
+
+class Concurrency(S3ObjectStore):
+    """The S3 store, counting how many chunk reads are in flight at once."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lock, self.now, self.most = threading.Lock(), 0, 0
+
+    def get_chunk(self, key: str, *, size: int) -> bytes:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            time.sleep(0.05)  # a slow link: every worker that may send should be sending
+            return super().get_chunk(key, size=size)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+def test_a_restore_keeps_every_worker_busy(s3_endpoint: S3Endpoint, s3_prefix: str, tmp_path: Path) -> None:
+    """With 2-4 MiB chunks, a 12 MiB in-flight cap kept 3 to 6 GETs going whatever the parallelism."""
+    store = Concurrency(bucket=s3_endpoint.bucket, prefix=s3_prefix, **s3_endpoint.options())
+    cs = CheckpointStore(store=store, identity=Identity.parse("wire/busy"), parallelism=8)
+    lease = cs.acquire()
+    manifest = cs.commit(lease, {"step": 1}, files=big_file(tmp_path, 48 * MIB))
+    assert len(cs.tree(manifest).files[0].chunks) >= 12  # type: ignore[union-attr]
+    cs.restore_files(manifest, tmp_path / "out")
+    assert store.most == 8
+    assert (tmp_path / "out" / "big.bin").read_bytes() == (tmp_path / "files" / "big.bin").read_bytes()

@@ -25,6 +25,7 @@ from pathlib import Path
 from airflow_stateful.core.data.chunking import iter_chunks
 from airflow_stateful.core.data.file_index import FileIndex, FileStatus
 from airflow_stateful.core.data.files import LocalFile
+from airflow_stateful.core.data.writeback import start_writeback
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
     InvalidValueError,
@@ -35,7 +36,11 @@ from airflow_stateful.core.records.trees import ChunkRef, TreeFile, chunk_key
 from airflow_stateful.core.stores.base import ObjectStore, ProgressCallback
 
 MAX_IN_FLIGHT = 12 * 1024 * 1024
-"""Bytes of chunk data held by queued and running transfers at most (the RSS bound is built on it)."""
+"""Bytes of chunk data held by queued and running uploads at most (the RSS bound is built on it)."""
+MAX_RESTORE_IN_FLIGHT = 32 * 1024 * 1024
+"""The same for a restore. Each chunk is one GET, so fewer than ``parallelism`` of them in flight leave the
+pool idle: with 2-4 MiB chunks, 12 MiB kept only 3 to 6 GETs going. A restore holds a chunk only from its
+answer to its write, so this costs little more resident memory (tests/test_memory.py)."""
 MAX_OPEN_FILES = 128
 """Staging files a restore holds open at once."""
 
@@ -242,7 +247,7 @@ def download_files(
     ``cached`` may supply a chunk's bytes from a local cache (they are verified like downloaded ones);
     ``remember`` sees every verified chunk (to fill that cache).
     """
-    budget = _Budget(MAX_IN_FLIGHT)
+    budget = _Budget(MAX_RESTORE_IN_FLIGHT)
     failures: list[BaseException] = []
 
     def fetch(chunk: ChunkRef, target: _Staged, offset: int) -> None:
@@ -250,7 +255,7 @@ def download_files(
             data = cached(chunk) if cached is not None else None
             if data is None or hashlib.sha256(data).hexdigest() != chunk.sha256:
                 try:
-                    data = store.get(chunk.key, max_bytes=chunk.size).data
+                    data = store.get_chunk(chunk.key, size=chunk.size)
                 except ObjectNotFoundError as exc:
                     raise CheckpointCorruptError(
                         f"chunk {chunk.key!r} is missing from {store.url}: {exc}. Nothing was restored."
@@ -265,6 +270,7 @@ def download_files(
                 if remember is not None:
                     remember(chunk, data)
             os.pwrite(target.fd, data, offset)
+            start_writeback(target.fd, offset, len(data))  # so the file's fsync has little left to wait for
             target.written()
             if progress:
                 progress(len(data))

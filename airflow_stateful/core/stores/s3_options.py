@@ -353,6 +353,9 @@ def botocore_config(
     s3["addressing_style"] = configured_style or addressing_style or ("path" if endpoint_url else "auto")
     merged["s3"] = s3
     merged.setdefault("retries", dict(DEFAULT_RETRIES))
+    # Validate a response's checksum when the request asks (ChecksumMode), not on every GET: the store asks for
+    # it on every read except a chunk's, whose SHA-256 the restore checks anyway (S3ObjectStore.get_chunk).
+    merged.setdefault("response_checksum_validation", "when_required")
     for option, seconds in DEFAULT_TIMEOUTS.items():
         merged.setdefault(option, seconds)
     merged["max_pool_connections"] = max(int(merged.get("max_pool_connections", 10)), min_pool_connections)
