@@ -45,7 +45,7 @@ def open_cs(backend: str, identity: Identity) -> CheckpointStore:
     return CheckpointStore(store=store, identity=identity, keep_last=5)
 
 
-LS_HEADER = ["IDENTITY", "SEQ", "KEPT", "BYTES", "EPOCH", "LEASE", "STATUS", "OUTCOME", "UPDATED"]
+LS_HEADER = ["IDENTITY", "SEQ", "KEPT", "SIZE", "EPOCH", "LEASE", "STATUS", "OUTCOME", "UPDATED"]
 """The columns of `airflow-stateful ls`, as its table header prints them."""
 
 
@@ -250,6 +250,8 @@ def test_gc_dry_run_lists_exactly_what_the_real_run_deletes(
 def test_exit_codes_for_missing_and_invalid_identities(
     capsys: pytest.CaptureFixture[str], backend: str
 ) -> None:
+    if backend.startswith("file://"):
+        Path(backend.removeprefix("file://")).mkdir()  # a store in use, without that identity
     code, _, err = cli(capsys, backend, "show", "etl/none/run=x/map=-1")
     assert code == 4 and "etl/none/run=x/map=-1" in err
     code, _, err = cli(capsys, backend, "show", "../escape")
@@ -257,6 +259,7 @@ def test_exit_codes_for_missing_and_invalid_identities(
 
 
 def test_console_script_and_module_entry_points(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
     for cmd in (
         [sys.executable, "-m", "airflow_stateful"],
         [str(Path(sys.executable).parent / "airflow-stateful")],

@@ -310,7 +310,9 @@ def test_file_url_opens_a_local_store(tmp_path: Path) -> None:
     store = store_from_url(root.as_uri())
     assert isinstance(store, LocalObjectStore)
     assert store.root == root
-    assert (root / "~stateful").is_dir()
+    assert not root.exists(), "opening a store to read it creates nothing (a mistyped path stays absent)"
+    store.put("x/~head.json", b"{}")
+    assert (root / "~stateful").is_dir() and (root / "x" / "~head.json").read_bytes() == b"{}"
     assert isinstance(store_from_url(f"file://localhost{root}"), LocalObjectStore)
 
 

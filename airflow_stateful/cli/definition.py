@@ -15,35 +15,47 @@ from pathlib import Path
 
 from airflow_stateful.cli.exit_codes import EXIT_USAGE
 from airflow_stateful.cli.output import hms
+from airflow_stateful.cli.selectors import add_identity_arguments
 from airflow_stateful.core.data.restore_modes import EMPTY, MODES
 from airflow_stateful.core.durations import parse_duration
 from airflow_stateful.core.fleet.status import STATUSES
 from airflow_stateful.core.fleet.usage import DEFAULT_PRICE_PER_GB_MONTH
 from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL, KEEP_FAILED_FOR
 from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.version import __version__
 
 Command = Callable[[argparse.Namespace, ObjectStore], int]
 """A verb: the parsed arguments and the open store in, the exit code out."""
 
 # What ``airflow-stateful --help`` says: the contract every verb shares (exit codes, where the backend comes from).
-DESCRIPTION = """``airflow-stateful``: inspect, verify, roll back, unlock and clean checkpointed state.
+DESCRIPTION = """airflow-stateful: inspect, verify, roll back, unlock and clean checkpointed state.
 
-Exit codes scripts can rely on: 0 success; 1 a problem was found (``verify`` saw corruption, ``ls``/``du`` a
-head they could not read, ``outputs --get`` a download that does not match its recorded SHA-256); 2 bad usage or
-configuration, or a restore (``cat --files``, ``outputs --get``) refused because its destination is not empty
-(the default ``--mode empty``; choose ``--mode exact`` or ``--mode merge``); 3 refused because of a lease (a live writer holds the identity; ``--force`` overrides);
-4 no such identity, checkpoint or output.
+Name an identity by its key (etl/crunch/run=manual__1/map=-1) or by its Airflow ids: --dag-id, --task-id,
+--run-id (or --name for state that lives across runs) and --map-index, which encode the key for you.
 
-``stuck`` is made for cron and monitoring: 0 nothing is stuck; 1 at least one identity is stuck (alive, renewing
+Exit codes scripts can rely on: 0 success; 1 a problem was found (verify saw corruption, ls/du a head they
+could not read, outputs --get a download that does not match its recorded SHA-256); 2 bad usage or
+configuration (a mistyped option or identity; a store that does not exist or cannot be reached: a missing
+file:// directory or S3 bucket, an endpoint that does not answer), or a restore (cat --files, outputs --get)
+refused because its destination is not empty (the default --mode empty; choose --mode exact or --mode merge);
+3 refused because of a lease (a live writer holds the identity; --force overrides); 4 no such identity,
+checkpoint or output.
+
+stuck is made for cron and monitoring: 0 nothing is stuck; 1 at least one identity is stuck (alive, renewing
 its lease, but committing nothing for longer than its expected checkpoint interval); 2 the check could not be
 made or is incomplete (bad usage or configuration, the store could not be listed, a head could not be read) and
 nothing was found stuck. Dead identities (lease expired: the writer is gone) are never stuck: they are named on
 stderr but do not change the exit code.
 
-The backend is ``--backend URL``, else ``AIRFLOW__STATEFUL__BACKEND_URL``, else ``[stateful] backend_url`` of
-the Airflow installation. S3 credentials and endpoint come from the Airflow connection (``--conn-id``, else
-``[stateful] conn_id``) or, without one, boto3's standard chain; ``--endpoint-url`` (or
-``STATEFUL_S3_ENDPOINT_URL``) overrides the endpoint.
+Output: stdout carries only the command's result (a table, or JSON with --json); progress, warnings and logs,
+Airflow's included, go to stderr. Tables show sizes for people (2.2 KiB); --bytes shows exact byte counts, and
+JSON always has them.
+
+The backend is --backend URL, else AIRFLOW__STATEFUL__BACKEND_URL, else [stateful] backend_url of the Airflow
+installation. S3 credentials and endpoint come from the Airflow connection (--conn-id, else [stateful] conn_id)
+or, without one, boto3's standard chain; --endpoint-url (or STATEFUL_S3_ENDPOINT_URL) overrides the endpoint.
+Commands that only read the store start without importing Airflow when everything they need is in the
+environment or airflow.cfg (see docs/deploy.md); otherwise they read it through Airflow.
 """
 
 
@@ -133,6 +145,15 @@ def _add_restore_mode(p: argparse.ArgumentParser, dest: str) -> None:
     )
 
 
+def _add_prefix(p: argparse.ArgumentParser, also: str = "") -> None:
+    p.add_argument(
+        "prefix",
+        nargs="?",
+        metavar="PREFIX",
+        help=f"only identities whose key starts with this, e.g. etl/ or etl/crunch/ {also}".rstrip(),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every verb; a parsed command line holds ``func`` (the verb's :data:`Command`) and, for a
     verb whose exit 1 is a finding (``stuck``), ``error_exit``: the code its failures take instead."""
@@ -145,14 +166,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--conn-id", help="Airflow connection with S3 credentials (default: [stateful] conn_id)"
     )
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    common.set_defaults(out=None)  # where a verb prints its result: main() sets it; None is sys.stdout
+    common.add_argument(
+        "--bytes",
+        action="store_true",
+        dest="exact_sizes",
+        help="show sizes in tables as exact byte counts (default: 2.2 KiB, 1.4 GiB; JSON always has bytes)",
+    )
     parser = argparse.ArgumentParser(
         prog="airflow-stateful", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"airflow-stateful {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True)
     p = sub.add_parser(
         "ls", parents=[common], help="list identities with their status (active, stuck, dead, idle)"
     )
-    p.add_argument("prefix", nargs="?")
+    _add_prefix(p)
     p.add_argument(
         "--status",
         type=_statuses,
@@ -172,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one identity stuck; 2 the check could not be made or is incomplete (bad usage or configuration, the "
         "store could not be listed, a head could not be read) and nothing was found stuck.",
     )
-    p.add_argument("prefix", nargs="?", help="only identities whose key starts with this (or --prefix)")
+    _add_prefix(p, "(or --prefix)")
     p.add_argument(
         "--prefix", dest="prefix_option", metavar="PREFIX", help="the same as the positional prefix"
     )
@@ -183,8 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="list the outputs committed with a checkpoint, or download one (--get NAME --to DIR)",
     )
-    p.add_argument("identity")
-    p.add_argument("--seq", type=int, help="a kept checkpoint (default: the newest)")
+    add_identity_arguments(p)
+    p.add_argument("--seq", type=int, metavar="SEQ", help="a kept checkpoint (default: the newest)")
     p.add_argument(
         "--get", metavar="NAME", help="download this output (verified) to DIR/NAME; print the path"
     )
@@ -200,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("history", lazy_command("airflow_stateful.cli.commands.inspect.cmd_history"), "kept checkpoints"),
     ):
         p = sub.add_parser(name, parents=[common], help=text)
-        p.add_argument("identity")
+        add_identity_arguments(p)
         p.set_defaults(func=fn)
     p = sub.add_parser(
         "cat",
@@ -210,31 +239,41 @@ def build_parser() -> argparse.ArgumentParser:
         '(verified, all or nothing). With --json and --files the JSON is {"value": ..., "restore": '
         "{files, removed, mode, ...}}.",
     )
-    p.add_argument("identity")
-    p.add_argument("--seq", type=int)
-    p.add_argument("--files", type=Path, metavar="DEST", help="restore the checkpoint's files into DEST")
+    add_identity_arguments(p)
+    p.add_argument("--seq", type=int, metavar="SEQ", help="print this kept checkpoint (default: the newest)")
+    p.add_argument(
+        "--files",
+        type=Path,
+        metavar="DEST",
+        help="also restore the checkpoint's files into DEST (each verified; all or nothing)",
+    )
     _add_restore_mode(p, "DEST")
     p.set_defaults(func=lazy_command("airflow_stateful.cli.commands.inspect.cmd_cat"))
     p = sub.add_parser(
         "rollback", parents=[common], help="commit a copy of an older checkpoint as the newest"
     )
-    p.add_argument("identity")
-    p.add_argument("--to", type=int, required=True, metavar="SEQ")
+    add_identity_arguments(p)
+    p.add_argument(
+        "--to",
+        type=int,
+        required=True,
+        metavar="SEQ",
+        help="the kept checkpoint to commit again as the newest",
+    )
     p.add_argument("--force", action="store_true", help="take the lease from a live writer (fencing it)")
     p.set_defaults(func=lazy_command("airflow_stateful.cli.commands.maintain.cmd_rollback"))
     p = sub.add_parser("unlock", parents=[common], help="break an identity's lease (fences its holder)")
-    p.add_argument("identity")
+    add_identity_arguments(p)
     p.add_argument("--force", action="store_true", help="break a lease that has not expired")
     p.set_defaults(func=lazy_command("airflow_stateful.cli.commands.maintain.cmd_unlock"))
     p = sub.add_parser("verify", parents=[common], help="re-check every checksum (report, never repair)")
-    target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("identity", nargs="?")
-    target.add_argument("--all", action="store_true")
+    add_identity_arguments(p, required=False)
+    p.add_argument("--all", action="store_true", help="verify every identity in the store (instead of one)")
     p.set_defaults(func=lazy_command("airflow_stateful.cli.commands.maintain.cmd_verify"))
     p = sub.add_parser(
         "gc", parents=[common], help="apply retention and delete idle, orphaned and crash-left objects"
     )
-    p.add_argument("prefix", nargs="?")
+    _add_prefix(p)
     p.add_argument(
         "--min-age", type=_duration, default=timedelta(hours=1), help="leave younger objects (default 1h)"
     )
@@ -264,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "du", parents=[common], help="bytes, checkpoints, idle age and monthly cost per identity"
     )
-    p.add_argument("prefix", nargs="?")
+    _add_prefix(p)
     p.add_argument(
         "--price-per-gb-month",
         type=float,

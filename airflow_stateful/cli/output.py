@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, TextIO
 
@@ -23,6 +23,8 @@ def emit(
     as_json: bool,
     out: TextIO | None = None,
     page: int | None = None,
+    sizes: Collection[str] = (),
+    exact: bool = False,
 ) -> int:
     """Print ``rows`` and return how many there were.
 
@@ -32,23 +34,41 @@ def emit(
 
     Table: written ``page`` rows at a time (``None``: all rows as one page). A column is as wide as its widest
     cell so far: the rows of a page align, and a wider cell in a later page widens its column from there on.
-    A row with an ``error`` shows its first cell, then the error across the other columns.
+    A row with an ``error`` shows its first cell, then the error across the other columns. The ``sizes``
+    columns (byte counts) are shown as people read them (:func:`human_size`) unless ``exact``; JSON always
+    has the exact counts.
     """
     out = out or sys.stdout
     if as_json:
         return _json_array(rows, out)
     count = 0
+    shown_sizes = frozenset(() if exact else sizes)
     widths = [len(col) for col in columns]
     batch: list[dict[str, Any]] = []
     for row in rows:
         count += 1
         batch.append(row)
         if page is not None and len(batch) >= page:
-            _table_page(batch, columns, widths, out, header=count == len(batch))
+            _table_page(batch, columns, widths, out, header=count == len(batch), sizes=shown_sizes)
             batch = []
     if batch or not count:
-        _table_page(batch, columns, widths, out, header=count == len(batch))
+        _table_page(batch, columns, widths, out, header=count == len(batch), sizes=shown_sizes)
     return count
+
+
+def human_size(size: int | None) -> str | None:
+    """A byte count as people read it, in powers of 1024 as ``du -h`` does: ``0 B``, ``812 B``, ``2.2 KiB``,
+    ``1.4 GiB`` (three significant digits at most)."""
+    if size is None:
+        return None
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    if unit == "B":
+        return f"{int(value)} B"
+    return f"{value:.1f} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
 
 
 def hms(seconds: float | None) -> str | None:
@@ -69,13 +89,21 @@ def _json_array(rows: Iterable[dict[str, Any]], out: TextIO) -> int:
 
 
 def _table_page(
-    rows: list[dict[str, Any]], columns: Sequence[str], widths: list[int], out: TextIO, *, header: bool
+    rows: list[dict[str, Any]],
+    columns: Sequence[str],
+    widths: list[int],
+    out: TextIO,
+    *,
+    header: bool,
+    sizes: Collection[str],
 ) -> None:
     """Write ``rows``, widening ``widths`` (shared by every page of one table) to fit them."""
     if header and not rows:
         out.write("(none)\n")
         return
-    cells = [[_cell(row.get(col)) for col in columns] for row in rows]
+    cells = [
+        [_cell(human_size(row.get(col)) if col in sizes else row.get(col)) for col in columns] for row in rows
+    ]
     for r, row in zip(cells, rows, strict=True):
         for i, text in enumerate(r if row.get("error") is None else r[:1]):
             widths[i] = max(widths[i], len(text))

@@ -48,6 +48,11 @@ class StoreError(StatefulError):
     """The object store failed in a way the protocol cannot recover from (access denied, no bucket, ...)."""
 
 
+class StoreUnavailableError(StoreError):
+    """The store cannot be used as configured: its bucket or directory does not exist, or its endpoint cannot be
+    reached. Apart from other store failures so that a command line can call it a configuration error (exit 2)."""
+
+
 class CommitOutcomeUnknownError(StoreError):
     """A commit's head write got no answer and the head could not be read back to tell whether it landed.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 from urllib.parse import urlparse
 
@@ -18,54 +17,10 @@ from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.registry import store_from_url
-from airflow_stateful.core.stores.s3_options import (
-    check_assume_role,
-    check_config_kwargs,
-    check_request_args,
-    check_verify,
-)
 from airflow_stateful.metrics import install as install_stats_listener
+from airflow_stateful.s3_connection import ConnectionFields, s3_options
 
 log = logging.getLogger(__name__)
-
-# The amazon provider's `aws` connection, read key by key; anything else in the extra is ignored (never passed
-# through), so a connection shared with the amazon provider's own hooks keeps working. Values are checked
-# (airflow_stateful.core.stores.s3_options) before the store is built, with errors naming the extra key.
-_TEXT_EXTRAS = ("region_name", "profile_name", "role_arn", "endpoint_url", "addressing_style")
-#: service_config.s3.extra_args -> S3ObjectStore argument. These are boto3's names, the ones S3Hook's
-#: `extra_args` takes: the amazon provider has no connection-level setting for encryption or the owner.
-EXTRA_ARGS = {
-    "ServerSideEncryption": "server_side_encryption",
-    "SSEKMSKeyId": "sse_kms_key_id",
-    "BucketKeyEnabled": "bucket_key_enabled",
-    "ExpectedBucketOwner": "expected_bucket_owner",
-}
-_WHERE = {
-    "server_side_encryption": "service_config.s3.extra_args.ServerSideEncryption",
-    "sse_kms_key_id": "service_config.s3.extra_args.SSEKMSKeyId",
-    "bucket_key_enabled": "service_config.s3.extra_args.BucketKeyEnabled",
-    "expected_bucket_owner": "service_config.s3.extra_args.ExpectedBucketOwner",
-}
-_SESSION_NAME_INVALID = re.compile(r"[^\w+=,.@-]")
-
-
-def _mapping(parent: dict[str, Any], key: str, *, what: str) -> dict[str, Any]:
-    value = parent.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigurationError(f"{what} must be a JSON object, not {type(value).__name__}")
-    return value
-
-
-def _text(parent: dict[str, Any], key: str, *, what: str, secret: bool = False) -> str | None:
-    value = parent.get(key)
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        shown = type(value).__name__ if secret else repr(value)
-        raise ConfigurationError(f"{what} must be a string, not {shown}")
-    return value
 
 
 class StateHook(BaseHook):
@@ -108,19 +63,9 @@ class StateHook(BaseHook):
         self._signer: HeadSigner | None = None
 
     def s3_options(self) -> dict[str, Any]:
-        """S3 store options from the ``aws`` connection, or ``{}`` to use boto3's standard credential chain.
-
-        Read the amazon provider's way, so a connection made for its hooks works here unchanged: keys from
-        login/password (else the extra's ``aws_access_key_id``/``aws_secret_access_key``), ``aws_session_token``,
-        ``region_name``, ``profile_name``, ``role_arn`` with ``assume_role_method`` (``assume_role`` only) and
-        ``assume_role_kwargs``, ``verify``, ``config_kwargs``, and the endpoints: ``service_config.s3.endpoint_url``,
-        else ``endpoint_url`` (else an http(s) host), with STS at ``service_config.sts.endpoint_url``.
-        Encryption and the expected owner are ``service_config.s3.extra_args`` in boto3's names
-        (:data:`EXTRA_ARGS`). Every value is checked here, before anything is written; an error names the
-        connection and the extra key, never a secret.
-
-        The result holds the connection's secrets: it goes to the store's constructor and nowhere else.
-        """
+        """S3 store options from the ``aws`` connection (:func:`airflow_stateful.s3_connection.s3_options`: the
+        amazon provider's keys, each checked), or ``{}`` to use boto3's standard credential chain when there is
+        no connection. The result holds the connection's secrets: it goes to the store's constructor only."""
         if not self.conn_id:
             return {}
         from airflow_stateful.compat import AirflowNotFoundException
@@ -130,84 +75,14 @@ class StateHook(BaseHook):
         except AirflowNotFoundException:
             log.debug("connection %r not found; using boto3's standard credential chain", self.conn_id)
             return {}
-        name = f"connection {self.conn_id!r}"
-
-        def where(key: str) -> str:
-            return f"{name} extra {key}"
-
         extra = conn.extra_dejson or {}
         if not isinstance(extra, dict):
-            raise ConfigurationError(f"{name}: the extra must be a JSON object")
-        service = _mapping(extra, "service_config", what=where("service_config"))
-        s3_service = _mapping(service, "s3", what=where("service_config.s3"))
-        sts_service = _mapping(service, "sts", what=where("service_config.sts"))
-        extra_args = _mapping(s3_service, "extra_args", what=where("service_config.s3.extra_args"))
-
-        options: dict[str, Any] = {}
-        # Credentials, in the amazon provider's order: both of login/password, else both from the extra.
-        if conn.login and conn.password:
-            options["aws_access_key_id"], options["aws_secret_access_key"] = conn.login, conn.password
-        else:
-            key_id = _text(extra, "aws_access_key_id", what=where("aws_access_key_id"))
-            secret = _text(extra, "aws_secret_access_key", what=where("aws_secret_access_key"), secret=True)
-            if key_id and secret:
-                options["aws_access_key_id"], options["aws_secret_access_key"] = key_id, secret
-        token = _text(extra, "aws_session_token", what=where("aws_session_token"), secret=True)
-        if token:
-            options["aws_session_token"] = token
-        for key in _TEXT_EXTRAS:
-            value = _text(extra, key, what=where(key))
-            if value:
-                options[key] = value
-        # The service's own endpoint wins over the global one, as in the amazon provider.
-        endpoint = _text(s3_service, "endpoint_url", what=where("service_config.s3.endpoint_url"))
-        if endpoint:
-            options["endpoint_url"] = endpoint
-        if "endpoint_url" not in options and conn.host and urlparse(conn.host).scheme in ("http", "https"):
-            options["endpoint_url"] = conn.host
-        sts_endpoint = _text(sts_service, "endpoint_url", what=where("service_config.sts.endpoint_url"))
-        if sts_endpoint:
-            options["sts_endpoint_url"] = sts_endpoint
-        if extra.get("verify") is not None:
-            options["verify"] = check_verify(extra["verify"], source=where)
-        if extra.get("config_kwargs") is not None:
-            options["config_kwargs"] = check_config_kwargs(extra["config_kwargs"], source=where)
-        self._assume_role_options(extra, options, where)
-
-        unknown = sorted(str(k) for k in extra_args if k not in EXTRA_ARGS)
-        if unknown:
-            raise ConfigurationError(
-                f"{where('service_config.s3.extra_args')} has the unsupported key(s) "
-                f"{', '.join(map(repr, unknown))}; accepted: {', '.join(EXTRA_ARGS)}"
+            raise ConfigurationError(f"connection {self.conn_id!r}: the extra must be a JSON object")
+        return s3_options(
+            ConnectionFields(
+                conn_id=self.conn_id, login=conn.login, password=conn.password, host=conn.host, extra=extra
             )
-        for key, option in EXTRA_ARGS.items():
-            if extra_args.get(key) is not None:
-                options[option] = extra_args[key]
-
-        def source(option: str) -> str:
-            return where(_WHERE[option])
-
-        check_request_args(options, source=source)
-        return options
-
-    def _assume_role_options(self, extra: dict[str, Any], options: dict[str, Any], where: Any) -> None:
-        """``role_arn``, ``assume_role_method`` and ``assume_role_kwargs``, as the amazon provider reads them."""
-        role_arn = options.get("role_arn")
-        if not role_arn:
-            return
-        method = extra.get("assume_role_method") or "assume_role"
-        if method != "assume_role":
-            raise ConfigurationError(
-                f"{where('assume_role_method')} {method!r} is not supported here, only 'assume_role'. For web "
-                "identity (IRSA, EKS pod identity), leave role_arn out: boto3's standard chain reads "
-                "AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE by itself."
-            )
-        kwargs = dict(_mapping(extra, "assume_role_kwargs", what=where("assume_role_kwargs")))
-        # The amazon provider's default session name, so CloudTrail shows the same one for both.
-        default_name = _SESSION_NAME_INVALID.sub("", f"Airflow_{self.conn_id}")[:64]
-        kwargs.setdefault("RoleSessionName", default_name)
-        check_assume_role(role_arn, kwargs, source=where)
-        options["assume_role_kwargs"] = kwargs
+        )
 
     def get_store(self) -> ObjectStore:
         """The configured store (opened once per hook, with its head signing policy: :meth:`get_signer`)."""

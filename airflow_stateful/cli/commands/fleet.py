@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from airflow_stateful.cli.common import lifetimes
+from airflow_stateful.cli.common import checkpoint_size, lifetimes
 from airflow_stateful.cli.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from airflow_stateful.cli.output import TABLE_PAGE, emit, hms
 from airflow_stateful.core.fleet.lifetimes import Lifetimes, judge
@@ -27,7 +27,7 @@ from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import utcnow_iso
 
-LS_COLUMNS = ["identity", "seq", "kept", "bytes", "epoch", "lease", "status", "outcome", "updated"]
+LS_COLUMNS = ["identity", "seq", "kept", "size", "epoch", "lease", "status", "outcome", "updated"]
 
 
 def cmd_ls(args: argparse.Namespace, store: ObjectStore) -> int:
@@ -49,7 +49,7 @@ def cmd_ls(args: argparse.Namespace, store: ObjectStore) -> int:
             elif item.head is not None and item.status is not None and item.status.status in wanted:
                 yield _ls_row(item.identity, item.head, item.status)
 
-    emit(rows(), LS_COLUMNS, as_json=args.json, page=TABLE_PAGE)
+    _stream(args, rows(), LS_COLUMNS, sizes=("size",))
     return EXIT_PROBLEM if errors else EXIT_OK
 
 
@@ -60,7 +60,8 @@ def _ls_row(identity: Identity, head: HeadRecord, status: WorkStatus) -> dict[st
         "identity": identity.key,
         "seq": latest.seq if latest else None,
         "kept": len(head.checkpoints),
-        "bytes": latest.total_size if latest else 0,
+        # The newest checkpoint's files and value (du shows the same number as its "size").
+        "size": checkpoint_size(latest),
         "epoch": head.epoch,
         "lease": lease.holder.describe() if lease else None,
         "updated": head.updated_at,
@@ -91,9 +92,14 @@ def cmd_stuck(args: argparse.Namespace, store: ObjectStore) -> int:
         signer=args.signer,
     )
     if args.json:
-        print(json.dumps(report.to_json(), indent=2, default=str))
+        print(json.dumps(report.to_json(), indent=2, default=str), file=args.out)
     else:
-        emit([*map(_stuck_row, report.stuck), *map(_stuck_row, report.errors)], STUCK_COLUMNS, as_json=False)
+        emit(
+            [*map(_stuck_row, report.stuck), *map(_stuck_row, report.errors)],
+            STUCK_COLUMNS,
+            as_json=False,
+            out=args.out,
+        )
     print(report.summary(), file=sys.stderr)
     if report.dead:
         names = ", ".join(d.identity.key for d in report.dead[:SHOWN_DEAD])
@@ -142,6 +148,7 @@ def cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
                 "checkpoints": u.checkpoints,
                 "objects": u.objects,
                 "bytes": u.bytes,
+                "size": checkpoint_size(u.head.latest) if u.head is not None else None,
                 "garbage_bytes": u.garbage_bytes,
                 "idle": _age(u.idle_seconds),
                 "idle_seconds": u.idle_seconds,
@@ -156,6 +163,7 @@ def cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
         yield {
             "identity": "TOTAL",
             **total,
+            "size": None,
             "idle": None,
             "idle_seconds": None,
             "usd_per_month": round(total["bytes"] / GB * price, 6),
@@ -170,13 +178,21 @@ def cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
         "objects",
         "bytes",
         "garbage_bytes",
+        "size",
         "idle",
         "usd_per_month",
         "outcome",
         "lifetime",
     ]
-    emit(rows(), columns, as_json=args.json, page=TABLE_PAGE)
+    _stream(args, rows(), columns, sizes=("bytes", "garbage_bytes", "size"))
     return EXIT_PROBLEM if errors else EXIT_OK
+
+
+def _stream(
+    args: argparse.Namespace, rows: Iterator[dict[str, Any]], columns: list[str], *, sizes: tuple[str, ...]
+) -> None:
+    """A fleet table (or JSON) written a page at a time as the heads are read, sizes as ``--bytes`` asks."""
+    emit(rows, columns, as_json=args.json, page=TABLE_PAGE, out=args.out, sizes=sizes, exact=args.exact_sizes)
 
 
 def _age(seconds: float | None) -> str | None:

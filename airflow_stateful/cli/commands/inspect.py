@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from airflow_stateful.cli.common import checkpoints_of
+from airflow_stateful.cli.common import checkpoint_size, checkpoints_of
 from airflow_stateful.cli.exit_codes import EXIT_OK
 from airflow_stateful.cli.output import emit
 from airflow_stateful.core.data.restore_modes import refusal
@@ -74,25 +74,27 @@ def cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
         },
     }
     if args.json:
-        print(json.dumps(info, indent=2, default=str))
+        print(json.dumps(info, indent=2, default=str), file=args.out)
     else:
         for field in ("identity", "store", "epoch", "lease", "kept"):
-            print(f"{field + ':':<10} {info[field] if info[field] is not None else '-'}")
-        print(f"{'outcome:':<10} {head.outcome.describe() if head.outcome else '-'}")
+            print(f"{field + ':':<10} {info[field] if info[field] is not None else '-'}", file=args.out)
+        print(f"{'outcome:':<10} {head.outcome.describe() if head.outcome else '-'}", file=args.out)
         for entry in head.pinned:
             assert entry.pinned is not None
             print(
-                f"{'pinned:':<10} checkpoint {entry.seq} (schema {entry.schema_version}): {entry.pinned.reason}"
+                f"{'pinned:':<10} checkpoint {entry.seq} (schema {entry.schema_version}): {entry.pinned.reason}",
+                file=args.out,
             )
         if latest is not None:
             print(
                 f"latest:    checkpoint {latest.seq} by {latest.writer.describe()} at {latest.created_at}, "
-                f"schema {latest.schema_version}, {latest.file_count} file(s)"
+                f"schema {latest.schema_version}, {latest.file_count} file(s)",
+                file=args.out,
             )
             if latest.code is not None:
-                print(f"code:      {latest.code.describe()}")
-            print(f"cursors:   {cursor_error or describe_cursors(cursors)}")
-            print(f"value:     {json.dumps(info['latest']['value'], default=str)[:200]}")  # type: ignore[index]
+                print(f"code:      {latest.code.describe()}", file=args.out)
+            print(f"cursors:   {cursor_error or describe_cursors(cursors)}", file=args.out)
+            print(f"value:     {json.dumps(info['latest']['value'], default=str)[:200]}", file=args.out)  # type: ignore[index]
     return EXIT_OK
 
 
@@ -110,7 +112,7 @@ def cmd_history(args: argparse.Namespace, store: ObjectStore) -> int:
                 "schema": entry.schema_version,
                 "epoch": entry.epoch,
                 "files": entry.file_count,
-                "bytes": entry.total_size,
+                "size": checkpoint_size(entry),
                 "writer": writer.describe(),
                 "cursors": cursors_to_json(cursors) if args.json else describe_cursors(cursors),
                 "pinned": "pinned" if entry.pinned is not None else None,
@@ -119,8 +121,8 @@ def cmd_history(args: argparse.Namespace, store: ObjectStore) -> int:
         )
         if cursor_error:  # a malformed record is shown as such, never taken for "no cursors"
             rows[-1].update(cursors=None if args.json else "unreadable", cursors_error=cursor_error)
-    columns = ["seq", "created_at", "schema", "epoch", "files", "bytes", "writer", "pinned", "cursors"]
-    emit(rows, columns, as_json=args.json)
+    columns = ["seq", "created_at", "schema", "epoch", "files", "size", "writer", "pinned", "cursors"]
+    emit(rows, columns, as_json=args.json, out=args.out, sizes=("size",), exact=args.exact_sizes)
     return EXIT_OK
 
 
@@ -130,14 +132,17 @@ def cmd_cat(args: argparse.Namespace, store: ObjectStore) -> int:
     if manifest is None:
         raise CheckpointNotFoundError(f"identity {args.identity!r} has no checkpoint yet")
     if not args.files:
-        print(json.dumps(manifest.value, indent=2, default=str))
+        print(json.dumps(manifest.value, indent=2, default=str), file=args.out)
         return EXIT_OK
     with _mode_hint():
         restored = cs.restore_files(manifest, args.files, mode=args.mode, shared_dest=args.shared_dest)
     if args.json:
-        print(json.dumps({"value": manifest.value, "restore": restored.to_json()}, indent=2, default=str))
+        print(
+            json.dumps({"value": manifest.value, "restore": restored.to_json()}, indent=2, default=str),
+            file=args.out,
+        )
     else:
-        print(json.dumps(manifest.value, indent=2, default=str))
+        print(json.dumps(manifest.value, indent=2, default=str), file=args.out)
     print(restored.describe(), file=sys.stderr)
     return EXIT_OK
 
@@ -171,10 +176,10 @@ def cmd_outputs(args: argparse.Namespace, store: ObjectStore) -> int:
     if args.get is not None:
         return _get_output(args, cs, manifest, outputs)
     if args.json:
-        emit([info.to_json() for info in outputs.values()], OUTPUT_COLUMNS, as_json=True)
+        emit([info.to_json() for info in outputs.values()], OUTPUT_COLUMNS, as_json=True, out=args.out)
     else:
         rows = [{**info.to_json(), "try": info.try_number} for info in outputs.values()]
-        emit(rows, OUTPUT_COLUMNS, as_json=False)
+        emit(rows, OUTPUT_COLUMNS, as_json=False, out=args.out, sizes=("size",), exact=args.exact_sizes)
     return EXIT_OK
 
 
@@ -213,10 +218,11 @@ def _get_output(
         print(
             json.dumps(
                 {**info.to_json(), "path": str(target), "files": len(written), "restore": restore}, indent=2
-            )
+            ),
+            file=args.out,
         )
     else:
-        print(target)
+        print(target, file=args.out)
     return EXIT_OK
 
 

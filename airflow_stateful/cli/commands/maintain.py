@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from airflow_stateful.cli.common import checkpoints_of, lifetimes, logs_to_stderr, progress
+from airflow_stateful.cli.common import checkpoints_of, lifetimes, progress
 from airflow_stateful.cli.exit_codes import EXIT_OK, EXIT_PROBLEM
+from airflow_stateful.cli.opening import logs_to_stderr
 from airflow_stateful.cli.output import emit
 from airflow_stateful.core.errors import (
     CheckpointCorruptError,
@@ -55,7 +56,7 @@ def cmd_verify(args: argparse.Namespace, store: ObjectStore) -> int:
                 status, bad = f"CORRUPT: {exc}", bad + 1
             rows.append({"identity": key, "seq": entry.seq, "files": entry.file_count, "status": status})
     bar.finish()
-    emit(rows, ["identity", "seq", "files", "status"], as_json=args.json)
+    emit(rows, ["identity", "seq", "files", "status"], as_json=args.json, out=args.out)
     return EXIT_PROBLEM if bad else EXIT_OK
 
 
@@ -74,6 +75,7 @@ def cmd_unlock(args: argparse.Namespace, store: ObjectStore) -> int:
         [{"identity": cs.identity.key, "epoch": after.epoch, "lease": None}],
         ["identity", "epoch", "lease"],
         as_json=args.json,
+        out=args.out,
     )
     return EXIT_OK
 
@@ -101,6 +103,7 @@ def cmd_rollback(args: argparse.Namespace, store: ObjectStore) -> int:
         [{"identity": cs.identity.key, "seq": new.seq, "copy_of": target.seq}],
         ["identity", "seq", "copy_of"],
         as_json=args.json,
+        out=args.out,
     )
     return EXIT_OK
 
@@ -172,5 +175,6 @@ def cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
                 "keys": item.keys,
             }
         )
-    emit(rows, ["identity", "reasons", "objects", "bytes", "action", "why"], as_json=args.json)
+    columns = ["identity", "reasons", "objects", "bytes", "action", "why"]
+    emit(rows, columns, as_json=args.json, out=args.out, sizes=("bytes",), exact=args.exact_sizes)
     return EXIT_OK

@@ -77,19 +77,36 @@ def _holds_a_file(directory: Path) -> bool:
 class LocalObjectStore(ObjectStore):
     """Objects as files below ``root``.
 
-    :param root: the directory; created if missing.
+    :param root: the directory; created by the first write, so that opening a store only to read it (the CLI's
+        ``ls`` of a mistyped path, a sensor) creates nothing. A root that exists but is not a directory is
+        refused here.
     :param fsync: flush data and directory entries to disk before a write returns (turn off only in tests).
     """
 
     def __init__(self, *, root: str | os.PathLike[str], fsync: bool = True) -> None:
         self.root = Path(root).expanduser().absolute()
         self.fsync = fsync
-        try:
-            (self.root / _INTERNAL_DIR / "tmp").mkdir(parents=True, exist_ok=True)
-            (self.root / _INTERNAL_DIR / "locks").mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigurationError(f"cannot use {self.root} as a local state directory: {exc}") from exc
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigurationError(
+                f"cannot use {self.root} as a local state directory: it is not a directory"
+            )
         self.url = self.root.as_uri()
+        self._ready = False
+
+    def exists(self) -> bool:
+        """Whether the state directory is there (a read finds nothing in a missing one; a write creates it)."""
+        return self.root.is_dir()
+
+    def _internal(self, name: str) -> Path:
+        """``~stateful/<name>`` (``tmp`` or ``locks``), with the root, created on the first write."""
+        if not self._ready:
+            try:
+                (self.root / _INTERNAL_DIR / "tmp").mkdir(parents=True, exist_ok=True)
+                (self.root / _INTERNAL_DIR / "locks").mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigurationError(f"cannot use {self.root} as a local state directory: {exc}") from exc
+            self._ready = True
+        return self.root / _INTERNAL_DIR / name
 
     def __repr__(self) -> str:
         return f"LocalObjectStore(root={str(self.root)!r})"
@@ -103,12 +120,12 @@ class LocalObjectStore(ObjectStore):
         return self.root / key
 
     def _tmp_path(self) -> Path:
-        return self.root / _INTERNAL_DIR / "tmp" / uuid.uuid4().hex
+        return self._internal("tmp") / uuid.uuid4().hex
 
     @contextlib.contextmanager
     def _key_lock(self, key: str) -> Iterator[None]:
         name = hashlib.sha256(key.encode()).hexdigest()
-        fd = os.open(self.root / _INTERNAL_DIR / "locks" / name, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self._internal("locks") / name, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

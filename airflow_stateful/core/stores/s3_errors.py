@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from airflow_stateful.core.errors import ObjectNotFoundError, PreconditionFailedError, StoreError
+from airflow_stateful.core.errors import (
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StoreError,
+    StoreUnavailableError,
+)
 
 NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 """Codes of an object (or its upload) that does not exist."""
@@ -100,7 +105,7 @@ def translate(
             return PreconditionFailedError(f"conditional write to {where} lost: the object is gone")
         return ObjectNotFoundError(f"object {key!r} does not exist in {url}")
     if code == "NoSuchBucket":
-        return StoreError(
+        return StoreUnavailableError(
             f"bucket {bucket!r} does not exist at {endpoint_url or 'AWS'}; create it or fix backend_url."
         )
     if code in ACCESS:
@@ -131,5 +136,5 @@ def translate(
         )
     if code is None:
         name = type(exc).__name__
-        return StoreError(f"cannot reach {where}: {name}: {exc}")
+        return StoreUnavailableError(f"cannot reach {where}: {name}: {exc}")
     return StoreError(f"S3 request on {where} failed: {code}: {exc}")
