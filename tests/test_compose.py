@@ -418,8 +418,9 @@ def test_the_image_is_built_from_the_checkout(services: dict[str, Any]) -> None:
             copied += words[:-1]
     for source in copied:
         assert (REPO / source).exists(), f"the Dockerfile copies {source}, which is not in the repo"
-    # Everything the package build needs is copied: pyproject.toml, the readme it names, the package.
-    assert {"pyproject.toml", "README.md", "airflow_stateful"} <= set(copied)
+    # Everything the package build needs is copied: pyproject.toml, the readme and the license files it names
+    # (hatchling builds without a missing license file, silently), the package.
+    assert {"pyproject.toml", "README.md", "LICENSE", "NOTICE", "airflow_stateful"} <= set(copied)
     assert re.search(r"^RUN pip install --no-cache-dir .*/opt/airflow/airflow-provider-stateful$", text, re.M)
 
 

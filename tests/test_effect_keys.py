@@ -35,7 +35,8 @@ def test_a_key_depends_on_the_identity_and_the_name_only() -> None:
     }
     assert key not in others and len(others) == 4
     # Pinned: a key must never change between releases, or every retry after an upgrade repeats its effects.
-    # The literal was computed once (release 0.3.0) and must never be recomputed from the code under test.
+    # The literal was computed once (before the first release) and must never be recomputed from the code under
+    # test.
     assert key == "stateful-a07cce2fa10fae5f5813fbbe724cdcfc88b9b18e"
 
 

@@ -332,7 +332,8 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
 
 
 PodStatePlan = PodState
-"""The name of :class:`~airflow_stateful.kubernetes.pods.PodState` before 0.2.0, kept for old imports."""
+"""The earlier name of :class:`~airflow_stateful.kubernetes.pods.PodState` (in development builds), kept for
+old imports."""
 
 __all__ = [
     "EPOCH_LABEL",
