@@ -337,8 +337,8 @@ class Demo:
             + ", ".join(f"try {t}: {_span(i)}" for t, i in sorted(by_try.items()))
         )
         print(
-            f"  look: AIRFLOW_HOME={self.home} airflow-stateful history --backend {(self.home / 'stateful').as_uri()}"
-            f" '{story.identity}'"
+            f"  every checkpoint: AIRFLOW_HOME={self.home} {_cli()} history --backend "
+            f"{(self.home / 'stateful').as_uri()} '{story.identity}'"
         )
         print()
         failed = [(what, detail) for what, ok, detail in checks if not ok]
@@ -373,6 +373,12 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _cli() -> str:
+    """The ``airflow-stateful`` command beside this Python (a clone's .venv is rarely on PATH), else the name."""
+    beside = Path(sys.executable).parent / "airflow-stateful"
+    return str(beside) if beside.is_file() else "airflow-stateful"
 
 
 def _span(items: list[int]) -> str:
