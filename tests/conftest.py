@@ -150,6 +150,7 @@ STACK_MODULES = {
     "test_distributed.py",
     "test_e2e_stack.py",
     "test_e2e_lifetimes.py",
+    "test_kill_demo.py",
     "test_marks_triggerer.py",
     "test_ui_auth.py",
 }

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 psutil = pytest.importorskip("psutil")
 
-from airflow_stack import Stack, base_env, start_stack, stop_stack, wait_for  # noqa: E402
+from airflow_stack import Stack, base_env, start_stack, stop_stack, unpause_when_parsed, wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DAG_ID = "killable_batch"
@@ -108,13 +108,7 @@ def test_sigkilled_task_resumes_from_its_checkpoint_on_a_real_stack(stack: Stack
 
     t0 = time.monotonic()
     wait_for("the api-server to answer", lambda: stack.request("GET", "/version"), timeout=120, stack=stack)
-    wait_for(
-        f"the dag-processor to parse {DAG_ID}",
-        lambda: stack.request("GET", f"/dags/{DAG_ID}"),
-        timeout=120,
-        stack=stack,
-    )
-    stack.request("PATCH", f"/dags/{DAG_ID}", {"is_paused": False})
+    unpause_when_parsed(stack, DAG_ID)
     outputs_run = start_published_outputs(stack)
     run = stack.request(
         "POST", f"/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": {"item_seconds": ITEM_SECONDS}}
@@ -207,13 +201,7 @@ def start_published_outputs(stack: Stack) -> str:
     """Trigger ``published_outputs`` with ``interrupt="sigkill"``: try 1 of each task kills its own process with
     part 1 staged but not committed. Runs beside the killable batch. Returns the run id."""
     for dag_id in (OUTPUTS_DAG, CONSUMER_DAG):
-        wait_for(
-            f"the dag-processor to parse {dag_id}",
-            lambda dag_id=dag_id: stack.request("GET", f"/dags/{dag_id}"),  # type: ignore[misc]
-            timeout=120,
-            stack=stack,
-        )
-        stack.request("PATCH", f"/dags/{dag_id}", {"is_paused": False})
+        unpause_when_parsed(stack, dag_id)
     run = stack.request(
         "POST", f"/dags/{OUTPUTS_DAG}/dagRuns", {"logical_date": None, "conf": {"interrupt": "sigkill"}}
     )
