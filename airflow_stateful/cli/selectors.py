@@ -40,7 +40,7 @@ def add_identity_arguments(p: argparse.ArgumentParser, *, required: bool = True)
     group.add_argument(
         "--name",
         metavar="NAME",
-        help="the identity's name: state that lives across runs (instead of --run-id)",
+        help="the name a task gives its state with identity= (state that lives across runs), instead of --run-id",
     )
     group.add_argument(
         "--map-index",
