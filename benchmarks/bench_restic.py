@@ -11,8 +11,9 @@ repetition, with the order of the sides rotating (B C F, C F B, ...):
 ``first save``
     ``restic backup --compression off`` into a new repository (``init --repository-version 2``, untimed) vs
     ``CheckpointStore.commit(lease, value, files=file)`` to a new identity vs boto3 ``upload_file``; and the
-    floor of the boto3 goal: boto3 ``put_object`` of the library's chunk-sized slices, as many threads as the
-    library's parallelism, no hashing (what the library's requests cost on this server).
+    floors: boto3 ``put_object`` of the library's chunk-sized slices, as many threads as the library's
+    parallelism, with no hashing (what the library's requests cost on this server) and with each slice named by
+    its SHA-256 (what content addressing must add: the row's floor).
 ``1 % overwritten, re-save``
     before each repetition (untimed) a contiguous 1 % of the file, at a random offset, gets fresh bytes; then
     ``restic backup`` into the repository that holds the previous version (its parent snapshot: restic rereads
@@ -24,7 +25,9 @@ repetition, with the order of the sides rotating (B C F, C F B, ...):
     ``restic restore latest --no-cache`` vs a new ``CheckpointStore`` (nothing cached in memory) with
     ``latest()`` + ``restore_files`` and no restore cache (a ``CheckpointStore`` has none unless one is passed;
     the worker's restore cache is the writer session's) vs boto3 ``download_file`` of the same bytes as one
-    object. Floor of the boto3 goal: boto3 ``get_object`` of the library's chunk objects into one file.
+    object. Floors: boto3 ``get_object`` of the library's chunk objects into one file, as they come, and with
+    each chunk's SHA-256 checked and the file fsynced (what a restore that can be trusted after a crash must
+    do, which ``download_file`` does not: the row's floor, over restic too).
 
 Like with like, and where it is not: restic always encrypts (AES-256 in CTR mode with Poly1305-AES, no way to
 turn it off) and this library does not; ``--compression off`` turns restic's compression off as the library
@@ -320,6 +323,7 @@ def run(args: argparse.Namespace, endpoint: Endpoint, work: Path) -> list[dict[s
             "lib": Timed("CheckpointStore.commit"),
             "boto3": Timed("boto3 upload_file"),
             "floor": Timed(f"boto3 put_object x{threads}"),
+            "safe": Timed(f"boto3 put_object x{threads}, each slice SHA-256-named"),
         }
         kept: dict[str, Any] = {}
 
@@ -362,10 +366,19 @@ def run(args: argparse.Namespace, endpoint: Endpoint, work: Path) -> list[dict[s
             delete_prefix(client, bucket, prefix + "/")
             log(f"  floor (puts)  #{i + 1}: {first['floor'].seconds[-1]:.2f} s")
 
+        def first_safe(i: int) -> None:
+            assert layout is not None
+            prefix = f"floor/safe-{i}"
+            first["safe"].run(
+                lambda: put_slices(client, bucket, src, layout, prefix, threads, hashed=True), clock, bcount
+            )
+            delete_prefix(client, bucket, prefix + "/")
+            log(f"  floor (hashed) #{i + 1}: {first['safe'].seconds[-1]:.2f} s")
+
         sides: list[Callable[[int], None]] = [
             first_lib,
             first_boto3,
-            *([first_floor] if layout else []),
+            *([first_floor, first_safe] if layout else []),
             *([first_restic] if restic else []),
         ]
         log(f"first save: {args.repeat} x {len(sides)} runs, interleaved")
@@ -416,6 +429,7 @@ def run(args: argparse.Namespace, endpoint: Endpoint, work: Path) -> list[dict[s
             "lib": Timed("latest() + restore_files, no cache"),
             "boto3": Timed("boto3 download_file"),
             "floor": Timed(f"boto3 get_object x{threads}"),
+            "safe": Timed(f"boto3 get_object x{threads}, each chunk SHA-256-checked, the file fsynced"),
         }
         client.upload_file(str(src), bucket, "baseline/restore.bin")
         restore_layout = chunk_layout(cs, cs.latest())
@@ -457,10 +471,21 @@ def run(args: argparse.Namespace, endpoint: Endpoint, work: Path) -> list[dict[s
             shutil.rmtree(out)
             log(f"  floor (gets)   #{i + 1}: {restore['floor'].seconds[-1]:.2f} s")
 
+        def restore_safe(i: int) -> None:
+            assert restore_layout is not None
+            out.mkdir()
+            restore["safe"].run(
+                lambda: get_into(client, bucket, restore_layout, out / "payload.bin", threads, safe=True),
+                clock,
+                bcount,
+            )
+            shutil.rmtree(out)
+            log(f"  floor (safe)   #{i + 1}: {restore['safe'].seconds[-1]:.2f} s")
+
         sides = [
             restore_lib,
             restore_boto3,
-            *([restore_floor] if restore_layout else []),
+            *([restore_floor, restore_safe] if restore_layout else []),
             *([restore_restic] if restic else []),
         ]
         log(f"cold restore: {args.repeat} x {len(sides)} runs, interleaved")
@@ -484,8 +509,11 @@ def run(args: argparse.Namespace, endpoint: Endpoint, work: Path) -> list[dict[s
                 "restic backup to the same server (new repository)",
                 first["restic"],
                 first["lib"],
-                (first["boto3"].median / first["restic"].median, "boto3 upload_file of the same file")
-                if restic is not None and first["restic"].seconds
+                (
+                    first["safe"].median / first["restic"].median,
+                    first["safe"].name + ": plain boto3 storing the same chunks as content addressing needs",
+                )
+                if restic is not None and first["restic"].seconds and first["safe"].seconds
                 else None,
             ),
             (
@@ -495,10 +523,11 @@ def run(args: argparse.Namespace, endpoint: Endpoint, work: Path) -> list[dict[s
                 first["boto3"],
                 first["lib"],
                 (
-                    first["floor"].median / first["boto3"].median,
-                    first["floor"].name + ": the library's chunk-sized PUTs, no hashing",
+                    first["safe"].median / first["boto3"].median,
+                    first["safe"].name + ": the library's chunk-sized PUTs, each named by its SHA-256 as "
+                    "content addressing needs",
                 )
-                if first["floor"].seconds
+                if first["safe"].seconds
                 else None,
             ),
             (
@@ -525,8 +554,11 @@ def run(args: argparse.Namespace, endpoint: Endpoint, work: Path) -> list[dict[s
                 "restic restore --no-cache",
                 restore["restic"],
                 restore["lib"],
-                (restore["boto3"].median / restore["restic"].median, "boto3 download_file of the same bytes")
-                if restic is not None and restore["restic"].seconds
+                (
+                    restore["safe"].median / restore["restic"].median,
+                    restore["safe"].name + ": plain boto3 restoring the same chunks verified and durably",
+                )
+                if restic is not None and restore["restic"].seconds and restore["safe"].seconds
                 else None,
             ),
             (
@@ -536,10 +568,11 @@ def run(args: argparse.Namespace, endpoint: Endpoint, work: Path) -> list[dict[s
                 restore["boto3"],
                 restore["lib"],
                 (
-                    restore["floor"].median / restore["boto3"].median,
-                    restore["floor"].name + ": GETs of the library's chunk objects, no verification",
+                    restore["safe"].median / restore["boto3"].median,
+                    restore["safe"].name + ": the library's chunk GETs, verified and durable (download_file "
+                    "does neither)",
                 )
-                if restore["floor"].seconds
+                if restore["safe"].seconds
                 else None,
             ),
         ]
@@ -616,9 +649,10 @@ def print_table(rows: list[dict[str, Any]], endpoint: str) -> None:
             continue
         fl = row.get("floor")
         floor_text = f"{fl['ratio']:.3f}x ({fl['what']})" if fl else "-"
+        unit = "x" if row.get("unit", "x") == "x" else f" {row['unit']}"
         print(
-            f"| {row['scenario']} | {row['baseline']} | {row['ratio']:.3f}x ({row['ratio_min']:.3f}-"
-            f"{row['ratio_max']:.3f}) | <= {row['goal']:g}x | {row['verdict']} | {floor_text} |"
+            f"| {row['scenario']} | {row['baseline']} | {row['ratio']:.3f}{unit} ({row['ratio_min']:.3f}-"
+            f"{row['ratio_max']:.3f}) | <= {row['goal']:g}{unit} | {row['verdict']} | {floor_text} |"
         )
     print()
     for row in rows:

@@ -20,10 +20,12 @@ user would otherwise write:
 Floors (issue 24: "for any goal missed, the measured floor that stops it"): the large commit, save and restore
 also time, interleaved with the two sides, *plain boto3 sending the library's requests*: a pool of as many
 threads as the library's parallelism doing ``put_object`` of the same chunk-sized slices of the file (commit,
-save), or ``get_object`` of the library's own chunk objects written into one file at their offsets (restore),
-with no hashing, staging or verification. Its ratio to the baseline is the row's ``floor``: what the library's
-request pattern costs on this server, so a ratio near the floor is the server's (or the request pattern's) and
-a ratio far above it is the library's own work.
+save, no hashing), or ``get_object`` of the library's own chunk objects written into one file at their offsets,
+each chunk's SHA-256 checked and the file fsynced (restore: what any restore that may be trusted after a crash
+must do, and ``download_file`` does not; no staging, no journal). Its ratio to the baseline is the row's
+``floor``: what the library's request pattern (and, for the restore, verification and durability) costs on
+this server and this disk, so a ratio near the floor is theirs and a ratio far above it is the library's own
+work.
 
 Why ratios, and why interleaved: the absolute numbers say more about moto than about this library. moto is
 a single Python process that shares the machine's cores (two, on CI) with the benchmark, so its speed
@@ -68,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -313,15 +316,25 @@ def chunk_layout(cs: CheckpointStore, manifest: Any) -> list[tuple[str, int, int
 
 
 def put_slices(
-    client: Any, bucket: str, src: Path, layout: list[tuple[str, int, int]], prefix: str, threads: int
+    client: Any,
+    bucket: str,
+    src: Path,
+    layout: list[tuple[str, int, int]],
+    prefix: str,
+    threads: int,
+    *,
+    hashed: bool = False,
 ) -> None:
-    """``put_object`` of each (offset, size) slice of ``src`` under ``prefix``, ``threads`` at once."""
+    """``put_object`` of each (offset, size) slice of ``src`` under ``prefix``, ``threads`` at once; ``hashed``:
+    each slice's SHA-256 computed first, as a content-addressed store must to name it."""
     fd = os.open(src, os.O_RDONLY)
     try:
 
         def one(item: tuple[int, tuple[str, int, int]]) -> None:
             n, (_, offset, size) = item
-            client.put_object(Bucket=bucket, Key=f"{prefix}/{n:05d}", Body=os.pread(fd, size, offset))
+            body = os.pread(fd, size, offset)
+            name = hashlib.sha256(body).hexdigest() if hashed else f"{n:05d}"
+            client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=body)
 
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(one, enumerate(layout)))
@@ -329,17 +342,35 @@ def put_slices(
         os.close(fd)
 
 
-def get_into(client: Any, bucket: str, layout: list[tuple[str, int, int]], dest: Path, threads: int) -> None:
-    """``get_object`` of every chunk object, each written at its offset into ``dest``, ``threads`` at once."""
+def get_into(
+    client: Any,
+    bucket: str,
+    layout: list[tuple[str, int, int]],
+    dest: Path,
+    threads: int,
+    *,
+    safe: bool = False,
+) -> None:
+    """``get_object`` of every chunk object, each written at its offset into ``dest``, ``threads`` at once.
+
+    ``safe``: what a restore that may be trusted must do besides: each chunk's SHA-256 checked against its name
+    (the library's chunk objects are named by it) and ``dest`` fsynced before it counts as restored, so that a
+    crash cannot leave a file that reads as restored but holds other bytes. ``download_file`` does neither.
+    """
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
 
         def one(item: tuple[str, int, int]) -> None:
             key, offset, _ = item
-            os.pwrite(fd, client.get_object(Bucket=bucket, Key=key)["Body"].read(), offset)
+            body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            if safe and hashlib.sha256(body).hexdigest() != key.rsplit("/", 1)[-1].split("-")[0]:
+                raise AssertionError(f"chunk {key} does not match its SHA-256")
+            os.pwrite(fd, body, offset)
 
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(one, layout))
+        if safe:
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -577,7 +608,7 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int, save: bool = Tr
         Side("latest() + restore_files"),
         size,
         GOALS["large_restore"],
-        floor=Side(f"boto3 get_object x{threads}") if restore_layout else None,
+        floor=Side(f"boto3 get_object x{threads}, SHA-256-checked, fsynced") if restore_layout else None,
     )
     out_file = work / "download.bin"
     out_dir = work / "restore"
@@ -605,7 +636,9 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int, save: bool = Tr
     def down_floor(i: int) -> None:
         assert restore.floor is not None and restore_layout is not None
         restore.floor.run(
-            lambda: get_into(client, bucket, restore_layout, out_file, threads), rig.bcount, rig.clock
+            lambda: get_into(client, bucket, restore_layout, out_file, threads, safe=True),
+            rig.bcount,
+            rig.clock,
         )
         out_file.unlink()
         log(f"  floor (gets)  #{i + 1}: {restore.floor.seconds[-1]:.2f} s")
