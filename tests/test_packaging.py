@@ -40,7 +40,7 @@ DIST_NAME = "airflow_provider_stateful"
 LICENSE_FILES = ("LICENSE", "NOTICE")
 
 ENTRY_POINTS = {
-    "console_scripts": {"airflow-stateful": "airflow_stateful.cli.main:main"},
+    "console_scripts": {"airflow-stateful": "airflow_stateful.cli.main:run"},
     "apache_airflow_provider": {"provider_info": "airflow_stateful.get_provider_info:get_provider_info"},
     "airflow.plugins": {"stateful": "airflow_stateful.plugins.stateful_view:StatefulPlugin"},
 }
