@@ -19,8 +19,8 @@ user would otherwise write:
 
 Floors (issue 24: "for any goal missed, the measured floor that stops it"): the large commit, save and restore
 also time, interleaved with the two sides, *plain boto3 sending the library's requests*: a pool of as many
-threads as the library's parallelism doing ``put_object`` of the same chunk-sized slices of the file (commit,
-save, no hashing), or ``get_object`` of the library's own chunk objects written into one file at their offsets,
+threads as the library's parallelism doing ``put_object`` of the same chunk-sized slices of the file, each
+named by its SHA-256 as content addressing must (commit, save), or ``get_object`` of the library's own chunk objects written into one file at their offsets,
 each chunk's SHA-256 checked and the file fsynced (restore: what any restore that may be trusted after a crash
 must do, and ``download_file`` does not; no staging, no journal). Its ratio to the baseline is the row's
 ``floor``: what the library's request pattern (and, for the restore, verification and durability) costs on
@@ -495,7 +495,7 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int, save: bool = Tr
         Side("CheckpointStore.commit"),
         size,
         GOALS["large_commit"],
-        floor=Side(f"boto3 put_object x{threads}") if layout else None,
+        floor=Side(f"boto3 put_object x{threads}, each slice SHA-256-named") if layout else None,
     )
 
     def up_baseline(i: int) -> None:
@@ -526,7 +526,9 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int, save: bool = Tr
             assert case.floor is not None and layout is not None
             prefix = f"floor/{case.key}-{i}"
             case.floor.run(
-                lambda: put_slices(client, bucket, path, layout, prefix, threads), rig.bcount, rig.clock
+                lambda: put_slices(client, bucket, path, layout, prefix, threads, hashed=True),
+                rig.bcount,
+                rig.clock,
             )
             for start in range(0, len(layout), 1000):
                 batch = [{"Key": f"{prefix}/{n:05d}"} for n in range(start, min(start + 1000, len(layout)))]
@@ -556,7 +558,7 @@ def bench_large(rig: Rig, *, work: Path, size: int, repeat: int, save: bool = Tr
             Side("TaskState.save"),
             size,
             GOALS["large_save"],
-            floor=Side(f"boto3 put_object x{threads}") if layout else None,
+            floor=Side(f"boto3 put_object x{threads}, each slice SHA-256-named") if layout else None,
         )
         with WriterSession(checkpoints=saver, writer=WriterInfo(try_number=1)) as session:
             state = TaskState(session=session)
@@ -768,9 +770,10 @@ RSS_GOAL_MIB = 64.0  # issue 13: peak RSS growth of a commit or a restore, any s
 
 
 FLOOR_WHAT = {
-    "large_commit": "the library's chunk-sized PUTs, no hashing",
-    "large_save": "the library's chunk-sized PUTs, no hashing",
-    "large_restore": "GETs of the library's own chunk objects into one file, no verification",
+    "large_commit": "the library's chunk-sized PUTs, each named by its SHA-256 as content addressing needs",
+    "large_save": "the library's chunk-sized PUTs, each named by its SHA-256 as content addressing needs",
+    "large_restore": "GETs of the library's own chunk objects into one file, each SHA-256-checked, the file "
+    "fsynced: a restore that may be trusted after a crash (download_file does neither)",
     "small_commit": "as many ~1 KB PUTs, one after the other, as the commit sends requests",
 }
 
