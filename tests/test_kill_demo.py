@@ -9,7 +9,9 @@ output, the ledger file it leaves in the home, and that no process of it is left
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -88,4 +90,15 @@ def test_kill_demo_shows_the_sigkill_and_the_resume(tmp_path: Path) -> None:
         try_number, item = map(int, line.split(","))
         tries.setdefault(try_number, []).append(item)
     assert tries == {1: list(range(37)), 2: list(range(30, 100))}, tries
+
+    # The command the demo prints to see every checkpoint works as printed (the identity named by its Airflow
+    # ids, the run id as the scheduler made it).
+    [line] = [x for x in output.splitlines() if x.strip().startswith("every checkpoint: ")]
+    words = shlex.split(line.split("every checkpoint: ", 1)[1])
+    env = {**os.environ, **dict(w.split("=", 1) for w in words[:1])}
+    history = subprocess.run(
+        [*words[1:], "--json"], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    assert history.returncode == 0, history.stderr
+    assert [r["seq"] for r in json.loads(history.stdout)] == list(range(10, 0, -1)), history.stdout
     print(f"kill demo: {seconds:.0f} s")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import shutil
 import signal
 import sys
@@ -338,7 +339,8 @@ class Demo:
         )
         print(
             f"  every checkpoint: AIRFLOW_HOME={self.home} {_cli()} history --backend "
-            f"{(self.home / 'stateful').as_uri()} '{story.identity}'"
+            f"{(self.home / 'stateful').as_uri()} --dag-id {DAG_ID} --task-id {TASK_ID} "
+            f"--run-id {shlex.quote(story.run_id)}"
         )
         print()
         failed = [(what, detail) for what, ok, detail in checks if not ok]
