@@ -21,7 +21,7 @@ from dag_helpers import load_dag_module
 from s3_endpoint import S3Endpoint, needs_moto
 
 from airflow_stateful.cli.definition import build_parser
-from airflow_stateful.cli.environment import light_settings
+from airflow_stateful.cli.environment import airflow_cfg, light_settings
 from airflow_stateful.cli.main import main
 from airflow_stateful.cli.output import human_size
 from airflow_stateful.core import CheckpointStore, Identity, store_from_url
@@ -340,8 +340,8 @@ def test_the_light_settings_reader_agrees_with_airflow(tmp_path: Path) -> None:
     )
     env.pop("AIRFLOW__STATEFUL__BACKEND_URL", None)
     code = (
-        "from airflow_stateful.cli.environment import light_settings\n"
-        "light = light_settings()\n"
+        "from airflow_stateful.cli.environment import airflow_cfg, light_settings\n"
+        "light = light_settings(airflow_cfg())\n"
         "from airflow_stateful.config import load_settings\n"
         "print(repr(light)); print(repr(load_settings()))\n"
     )
@@ -353,7 +353,7 @@ def test_the_light_settings_reader_agrees_with_airflow(tmp_path: Path) -> None:
     assert light == airflow
     assert "keep_last=7" in light and "lease_ttl=120.0" in light and "file:///from/cfg" in light
     assert "expected_checkpoint_interval=900.0" in light
-    assert light_settings() is not None
+    assert light_settings(airflow_cfg()) is not None
 
 
 @pytest.mark.parametrize(

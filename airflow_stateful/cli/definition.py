@@ -55,7 +55,7 @@ The backend is --backend URL, else AIRFLOW__STATEFUL__BACKEND_URL, else [statefu
 installation. S3 credentials and endpoint come from the Airflow connection (--conn-id, else [stateful] conn_id)
 or, without one, boto3's standard chain; --endpoint-url (or STATEFUL_S3_ENDPOINT_URL) overrides the endpoint.
 Commands that only read the store start without importing Airflow when everything they need is in the
-environment or airflow.cfg (see docs/deploy.md); otherwise they read it through Airflow.
+environment or airflow.cfg (see docs/ui-and-metrics.md); otherwise they read it through Airflow.
 """
 
 

@@ -58,9 +58,9 @@ def _option(cfg: configparser.ConfigParser, section: str, option: str) -> tuple[
     return True, value
 
 
-def light_settings() -> StatefulSettings | None:
-    """``[stateful]`` as :func:`airflow_stateful.config.load_settings` reads it, or ``None`` if only Airflow can."""
-    cfg = airflow_cfg()
+def light_settings(cfg: configparser.ConfigParser | None) -> StatefulSettings | None:
+    """``[stateful]`` as :func:`airflow_stateful.config.load_settings` reads it from the environment and ``cfg``
+    (:func:`airflow_cfg`), or ``None`` if only Airflow can."""
     if cfg is None:
         return None
     values: dict[str, str | None] = {}
@@ -77,13 +77,11 @@ def light_settings() -> StatefulSettings | None:
     return None if unknown else settings
 
 
-def light_connection(conn_id: str) -> dict[str, Any] | None:
-    """The S3 store options of connection ``conn_id`` when Airflow would take it from ``AIRFLOW_CONN_<ID>``;
-    ``None`` when it might come from elsewhere (a secrets backend, the database) or is in a form left to
-    Airflow. The result holds secrets: it goes to the store's constructor only."""
-    cfg = airflow_cfg()
-    if cfg is None:
-        return None
+def light_connection(conn_id: str, cfg: configparser.ConfigParser) -> dict[str, Any] | None:
+    """The S3 store options of connection ``conn_id`` when Airflow would take it from ``AIRFLOW_CONN_<ID>``
+    (``cfg``: :func:`airflow_cfg`, for a configured secrets backend); ``None`` when it might come from elsewhere
+    (a secrets backend, the database) or is in a form left to Airflow. The result holds secrets: it goes to the
+    store's constructor only."""
     known, backend = _option(cfg, "secrets", "backend")
     if not known or (backend or "").strip():
         return None  # a secrets backend is asked before the environment

@@ -22,7 +22,6 @@ from airflow_stateful.core.errors import (
     CheckpointNotFoundError,
     ConfigurationError,
     FencedError,
-    IdentityError,
     LeaseHeldError,
     StatefulError,
     StoreUnavailableError,
@@ -45,8 +44,6 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     try:
         if hasattr(args, "identity_required"):
             resolve_identity(args)  # a bad identity is refused before anything is opened
-            if getattr(args, "all", False) == (args.identity is not None):
-                raise IdentityError("name one identity (IDENTITY or the selectors) or pass --all, not both")
         store = open_store(args)
         try:
             return func(args, store)

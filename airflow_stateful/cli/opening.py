@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
 
-from airflow_stateful.cli.environment import READ_ONLY_VERBS, light_connection, light_settings
+from airflow_stateful.cli.environment import READ_ONLY_VERBS, airflow_cfg, light_connection, light_settings
 from airflow_stateful.core.errors import ConfigurationError, StoreUnavailableError
 from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.records.integrity import HeadSigner
@@ -66,8 +66,9 @@ def open_store(args: argparse.Namespace) -> ObjectStore:
 def _open_without_airflow(
     args: argparse.Namespace, endpoint_url: str | None
 ) -> tuple[ObjectStore, Any, HeadSigner | None] | None:
-    settings = light_settings()
-    if settings is None or settings.signing_conn_id:
+    cfg = airflow_cfg()
+    settings = light_settings(cfg)
+    if cfg is None or settings is None or settings.signing_conn_id:
         return None  # an option only Airflow can resolve, or signed heads (their marks are in its database)
     if settings.require_signed_heads:
         raise ConfigurationError(
@@ -78,7 +79,7 @@ def _open_without_airflow(
     options: dict[str, Any] = {}
     if urlparse(backend_url).scheme == "s3":
         conn_id = args.conn_id or settings.conn_id
-        found = light_connection(conn_id) if conn_id else {}
+        found = light_connection(conn_id, cfg) if conn_id else {}
         if found is None:
             return None  # the connection may be in Airflow's database or a secrets backend
         options = found

@@ -52,17 +52,20 @@ def add_identity_arguments(p: argparse.ArgumentParser, *, required: bool = True)
 
 
 def resolve_identity(args: argparse.Namespace) -> None:
-    """Set ``args.identity`` to the key the selectors or the positional argument name (``None``: neither, where
-    that is allowed), checked; raise :class:`~airflow_stateful.core.errors.IdentityError` (exit 2) naming the bad
-    value, before anything is opened."""
+    """Set ``args.identity`` to the key the selectors or the positional argument name, checked; raise
+    :class:`~airflow_stateful.core.errors.IdentityError` (exit 2) naming the bad value, before anything is opened.
+    A verb whose identity is optional (``verify``) takes ``--all`` instead: exactly one of the two."""
     given = {dest: getattr(args, dest) for dest in SELECTORS if getattr(args, dest, None) is not None}
+    named = bool(given) or args.identity is not None
+    if not args.identity_required and getattr(args, "all", False) == named:
+        raise IdentityError("name one identity (IDENTITY or the selectors) or pass --all, not both")
+    if not named:
+        if args.identity_required:
+            raise IdentityError(
+                "name the identity: its key (IDENTITY) or --dag-id, --task-id and --run-id (or --name)"
+            )
+        return
     if not given:
-        if args.identity is None:
-            if args.identity_required:
-                raise IdentityError(
-                    "name the identity: its key (IDENTITY) or --dag-id, --task-id and --run-id (or --name)"
-                )
-            return
         args.identity = _checked_key(args.identity)
         return
     if args.identity is not None:
