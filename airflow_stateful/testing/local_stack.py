@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import psutil  # a dependency of Airflow itself
 
@@ -35,7 +35,9 @@ __all__ = [
     "Component",
     "Stack",
     "StackError",
+    "Watched",
     "base_env",
+    "poll",
     "processes_of",
     "rest_request",
     "start_stack",
@@ -214,25 +216,54 @@ def tail(path: Path, lines: int) -> str:
         return f"(cannot read {path}: {exc})"
 
 
-def wait_for(
-    what: str, probe: Callable[[], T | None], *, timeout: float, stack: Stack, interval: float = 0.5
+class Watched(Protocol):
+    """What :func:`poll` checks between probes: a set of processes that must stay up (a :class:`Stack`, the
+    distributed tests' cluster)."""
+
+    def check_alive(self) -> None: ...
+
+    def remember_descendants(self) -> None: ...
+
+    def diagnostics(self) -> str: ...
+
+
+def poll(
+    what: str,
+    probe: Callable[[], T | None],
+    *,
+    timeout: float,
+    watched: Watched,
+    fail: Callable[[str], NoReturn],
+    interval: float = 0.5,
+    passthrough: tuple[type[BaseException], ...] = (),
 ) -> T:
-    """Poll ``probe`` until it returns something other than None (exceptions count as not yet)."""
+    """Poll ``probe`` until it returns something other than None; exceptions count as not yet, except those of
+    ``passthrough``. Before each probe, ``watched`` must still be alive; after ``timeout``, ``fail`` is called with
+    what was awaited, the last error and ``watched``'s diagnostics."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while time.monotonic() < deadline:
-        stack.check_alive()
-        stack.remember_descendants()
+        watched.check_alive()
+        watched.remember_descendants()
         try:
             value = probe()
+        except passthrough:
+            raise
         except Exception as exc:
             last_error, value = exc, None
         if value is not None:
             return value
         time.sleep(interval)
-    stack.fail(
-        f"timed out after {timeout:.0f} s waiting for {what} (last error: {last_error!r})\n{stack.diagnostics()}"
+    fail(
+        f"timed out after {timeout:.0f} s waiting for {what} (last error: {last_error!r})\n{watched.diagnostics()}"
     )
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], *, timeout: float, stack: Stack, interval: float = 0.5
+) -> T:
+    """:func:`poll` on ``stack``, failing the way the stack fails."""
+    return poll(what, probe, timeout=timeout, watched=stack, fail=stack.fail, interval=interval)
 
 
 def unpause_when_parsed(stack: Stack, dag_id: str, *, timeout: float = 120) -> Any:

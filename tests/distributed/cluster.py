@@ -43,11 +43,12 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import psutil
 from airflow_stack import rest_request, tail
 
+from airflow_stateful.testing.local_stack import poll
 from airflow_stateful.testing.s3_server import free_port
 
 WORKERS = ("worker-a", "worker-b")
@@ -63,6 +64,10 @@ T = TypeVar("T")
 
 class ClusterError(AssertionError):
     """The cluster did not come up, or one of its processes died when it should not have."""
+
+
+def _cluster_error(message: str) -> NoReturn:
+    raise ClusterError(message)
 
 
 @dataclass
@@ -292,24 +297,12 @@ class Cluster:
     def wait_for(
         self, what: str, probe: Callable[[], T | None], *, timeout: float = 120, interval: float = 0.5
     ) -> T:
-        """Poll ``probe`` until it returns something other than None (exceptions count as not yet)."""
-        deadline = time.monotonic() + timeout
-        last_error: Exception | None = None
-        while time.monotonic() < deadline:
-            self.check_alive()
-            self.remember_descendants()
-            try:
-                value = probe()
-            except (ClusterError, AssertionError):
-                raise
-            except Exception as exc:
-                last_error, value = exc, None
-            if value is not None:
-                return value
-            time.sleep(interval)
-        raise ClusterError(
-            f"timed out after {timeout:.0f} s waiting for {what} (last error: {last_error!r})\n{self.diagnostics()}"
-        )
+        """Poll ``probe`` until it returns something other than None (exceptions count as not yet, a failed check
+        inside it does not); a :class:`ClusterError` after ``timeout``."""
+        return poll(
+            what, probe, timeout=timeout, watched=self, fail=_cluster_error, interval=interval,
+            passthrough=(AssertionError,),
+        )  # fmt: skip
 
     # -- servers -------------------------------------------------------------------------------------------
     def start_postgres(self) -> None:
