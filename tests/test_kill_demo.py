@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from dag_helpers import ledger_by_try
 
 from airflow_stateful.testing.local_stack import processes_of
 
@@ -85,10 +86,7 @@ def test_kill_demo_shows_the_sigkill_and_the_resume(tmp_path: Path) -> None:
     assert " NOT: " not in output, output
 
     # What the task itself wrote, one `try,item` row per handled item.
-    tries: dict[int, list[int]] = {}
-    for line in (home / "killable_batch.ledger").read_text().split():
-        try_number, item = map(int, line.split(","))
-        tries.setdefault(try_number, []).append(item)
+    tries = ledger_by_try(home / "killable_batch.ledger")
     assert tries == {1: list(range(37)), 2: list(range(30, 100))}, tries
 
     # The command the demo prints to see every checkpoint works as printed (the identity named by its Airflow
