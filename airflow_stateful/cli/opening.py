@@ -21,9 +21,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from airflow_stateful.cli.environment import READ_ONLY_VERBS, airflow_cfg, light_connection, light_settings
-from airflow_stateful.core.errors import ConfigurationError, StoreUnavailableError
+from airflow_stateful.core.errors import StoreUnavailableError
 from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.records.integrity import HeadSigner
+from airflow_stateful.core.settings import StatefulSettings
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.stores.registry import store_from_url
@@ -65,16 +66,13 @@ def open_store(args: argparse.Namespace) -> ObjectStore:
 
 def _open_without_airflow(
     args: argparse.Namespace, endpoint_url: str | None
-) -> tuple[ObjectStore, Any, HeadSigner | None] | None:
+) -> tuple[ObjectStore, StatefulSettings, HeadSigner | None] | None:
     cfg = airflow_cfg()
     settings = light_settings(cfg)
-    if cfg is None or settings is None or settings.signing_conn_id:
-        return None  # an option only Airflow can resolve, or signed heads (their marks are in its database)
-    if settings.require_signed_heads:
-        raise ConfigurationError(
-            "[stateful] require_signed_heads is set but signing_conn_id is empty: name the connection whose "
-            "password is the signing key"
-        )
+    if cfg is None or settings is None or settings.signing_conn_id or settings.require_signed_heads:
+        # An option only Airflow can resolve, or signed heads (their marks are in its database; a policy without
+        # a key is refused by StateHook, with the one message for it).
+        return None
     backend_url = args.backend or settings.backend_url
     options: dict[str, Any] = {}
     if urlparse(backend_url).scheme == "s3":
@@ -91,7 +89,7 @@ def _open_without_airflow(
 
 def _open_with_airflow(
     args: argparse.Namespace, endpoint_url: str | None
-) -> tuple[ObjectStore, Any, HeadSigner | None]:
+) -> tuple[ObjectStore, StatefulSettings, HeadSigner | None]:
     from airflow_stateful.hooks.state import StateHook
 
     hook = StateHook(backend_url=args.backend, conn_id=args.conn_id, endpoint_url=endpoint_url)
