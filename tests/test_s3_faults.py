@@ -341,7 +341,9 @@ def test_seeded_faults_on_every_request_kind(s3_endpoint: S3Endpoint, s3_prefix:
             "list_objects",
             "delete_objects",
         ):
-            assert stats.by_request_kind().get(kind), f"no fault on {kind} requests in this run"
+            assert stats.by_request_kind().get(kind), (
+                f"no fault on {kind} requests in this run ({stats.requests[kind]} sent)"
+            )
 
 
 def restore_through_faults(
