@@ -45,31 +45,65 @@ IS_ROOT = os.geteuid() == 0
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
+Read = tuple[str, "int | None", "int | None"]
+"""A read of chunk data: the key, and for a ranged read of a pack its offset and length."""
+
+
 class CountingLocalStore(LocalObjectStore):
-    """The real local store, counting the chunk GETs it serves."""
+    """The real local store, counting the chunk reads it serves: whole chunk objects and ranges of packs."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.chunk_gets: list[str] = []
+        self.chunk_gets: list[Read] = []
         self._count_lock = threading.Lock()
 
     def get(self, key: str, *, max_bytes: int | None = None) -> Blob:
         if "/~chunks/" in key:
             with self._count_lock:
-                self.chunk_gets.append(key)
+                self.chunk_gets.append((key, None, None))
         return super().get(key, max_bytes=max_bytes)
+
+    def get_range(self, key: str, *, offset: int, length: int) -> bytes:
+        with self._count_lock:
+            self.chunk_gets.append((key, offset, length))
+        return super().get_range(key, offset=offset, length=length)
+
+
+def chunks_read(cs: CheckpointStore, manifest: Manifest, reads: list[Read]) -> set[str]:
+    """The SHA-256 of every chunk of ``manifest`` whose bytes ``reads`` fetched from the store (a ranged read
+    of a pack fetches every chunk inside its range)."""
+    tree = cs.tree(manifest)
+    assert tree is not None
+    found = set()
+    for chunk in (c for f in tree.files for c in f.chunks):
+        for key, offset, length in reads:
+            if key != chunk.key:
+                continue
+            if chunk.offset is None or (
+                offset is not None
+                and length is not None
+                and offset <= chunk.offset
+                and chunk.offset + chunk.size <= offset + length
+            ):
+                found.add(chunk.sha256)
+    return found
 
 
 @contextmanager
-def s3_chunk_gets(store: Any) -> Iterator[list[str]]:
-    """The keys of the chunk GetObject requests ``store``'s boto3 client sends while inside."""
-    keys: list[str] = []
+def s3_chunk_gets(store: Any) -> Iterator[list[Read]]:
+    """The chunk GetObject requests (whole chunk objects, ranges of packs) ``store``'s boto3 client sends."""
+    keys: list[Read] = []
     lock = threading.Lock()
 
     def record(params: dict[str, Any], **_: Any) -> None:
-        if "/~chunks/" in params.get("Key", ""):
+        key = params.get("Key", "")
+        if "/~chunks/" in key or "/~packs/" in key:
+            start, _, end = str(params.get("Range", "")).removeprefix("bytes=").partition("-")
+            ranged = (
+                (int(start), int(end) - int(start) + 1) if start.isdigit() and end.isdigit() else (None, None)
+            )
             with lock:
-                keys.append(params["Key"])
+                keys.append((key.removeprefix(f"{store.prefix}/") if store.prefix else key, *ranged))
 
     events = store.client.meta.events
     events.register("before-parameter-build.s3.GetObject", record)
@@ -111,6 +145,12 @@ def chunk_count(cs: CheckpointStore, manifest: Manifest) -> int:
     return len({c.sha256 for f in tree.files for c in f.chunks})
 
 
+def all_chunks(cs: CheckpointStore, manifest: Manifest) -> set[str]:
+    tree = cs.tree(manifest)
+    assert tree is not None
+    return {c.sha256 for f in tree.files for c in f.chunks}
+
+
 def cache_files(directory: Path) -> dict[str, Path]:
     """The chunk files in a cache directory, by name (temporary files and the lock excluded)."""
     return {p.name: p for p in directory.glob("??/*") if not p.name.startswith(".")}
@@ -139,7 +179,7 @@ def test_second_restore_on_s3_sends_no_chunk_get(
     first = LocalChunkCache(directory=tmp_path / "cache")
     with s3_chunk_gets(store) as gets:
         cs.restore_files(manifest, tmp_path / "out1", cache=first)
-    assert len(set(gets)) == chunks, "a cold cache downloads every chunk"
+    assert chunks_read(cs, manifest, gets) == all_chunks(cs, manifest), "a cold cache downloads every chunk"
     assert digests(tmp_path / "out1") == expected
     first.close()
 
@@ -158,7 +198,7 @@ def test_second_restore_on_s3_sends_no_chunk_get(
     # Without the cache the same restore downloads everything (the counter sees GETs when there are any).
     with s3_chunk_gets(retry_store) as gets:
         retry.restore_files(latest, tmp_path / "out3")
-    assert len(set(gets)) == chunks
+    assert chunks_read(retry, latest, gets) == all_chunks(retry, latest)
 
 
 def test_a_changed_checkpoint_downloads_only_its_new_chunks(tmp_path: Path) -> None:
@@ -173,7 +213,7 @@ def test_a_changed_checkpoint_downloads_only_its_new_chunks(tmp_path: Path) -> N
     _, second = commit(store, tmp_path / "src")
     store.chunk_gets.clear()
     cs.restore_files(second, tmp_path / "out2", cache=cache)
-    assert len(store.chunk_gets) == 1, store.chunk_gets
+    assert len(chunks_read(cs, second, store.chunk_gets)) == 1, store.chunk_gets
     assert digests(tmp_path / "out2") == expected
 
 
@@ -212,9 +252,7 @@ def test_a_damaged_cache_file_is_discarded_and_the_chunk_downloaded(
     cache = LocalChunkCache(directory=tmp_path / "cache")
     cs.restore_files(manifest, tmp_path / "out2", cache=cache)
     assert digests(tmp_path / "out2") == expected, "restored bytes are always right"
-    assert [key.rsplit("/", 1)[1] for key in store.chunk_gets] == [victim_name], (
-        "only the bad chunk downloaded"
-    )
+    assert chunks_read(cs, manifest, store.chunk_gets) == {victim_name}, "only the bad chunk downloaded"
     assert cache.stats.discarded == 1
     assert any("is not that chunk" in m for m in library_warnings)
     # The bad file was replaced by the downloaded, verified chunk.
@@ -458,7 +496,7 @@ def test_a_full_disk_never_fails_the_restore(tmp_path: Path, library_warnings: l
         cache = LocalChunkCache(directory=cache_root)  # 2 GiB cap: only the disk limits it
         cs.restore_files(manifest, tmp_path / "out", cache=cache)
         assert digests(tmp_path / "out") == expected
-        assert len(set(store.chunk_gets)) == chunk_count(cs, manifest)
+        assert chunks_read(cs, manifest, store.chunk_gets) == all_chunks(cs, manifest)
         assert any("No space left on device" in m for m in library_warnings), library_warnings
         assert not list(cache_root.glob("??/.tmp-*")), "a failed write leaves no temporary file"
     finally:
@@ -489,7 +527,7 @@ def test_a_symlinked_cache_dir_is_refused(tmp_path: Path, library_warnings: list
     cs.restore_files(manifest, tmp_path / "out", cache=cache)
     assert digests(tmp_path / "out") == expected, "the restore works, without the cache"
     assert list(target.iterdir()) == [], "nothing was written through the link"
-    assert len(set(store.chunk_gets)) == chunk_count(cs, manifest)
+    assert chunks_read(cs, manifest, store.chunk_gets) == all_chunks(cs, manifest)
     assert any("symbolic link" in m and "not used" in m for m in library_warnings), library_warnings
 
 
@@ -651,14 +689,25 @@ def test_airflow_retry_on_the_same_worker_restores_from_the_cache(
     cache_dir = tmp_path / "worker-cache"
     monkeypatch.setenv("AIRFLOW__STATEFUL__RESTORE_CACHE_DIR", str(cache_dir) if cache_on else "")
     gets: list[str] = []
-    real_get = LocalObjectStore.get
+    fetched = [0]  # bytes of chunk data read from the store
+    real_get, real_get_range = LocalObjectStore.get, LocalObjectStore.get_range
 
     def counting_get(self: LocalObjectStore, key: str, *, max_bytes: int | None = None) -> Blob:
+        blob = real_get(self, key, max_bytes=max_bytes)
         if "/~chunks/" in key:
             gets.append(key)
-        return real_get(self, key, max_bytes=max_bytes)
+            fetched[0] += len(blob.data)
+        return blob
 
-    monkeypatch.setattr(LocalObjectStore, "get", counting_get)  # dag.test() runs every try in this process
+    def counting_range(self: LocalObjectStore, key: str, *, offset: int, length: int) -> bytes:
+        data = real_get_range(self, key, offset=offset, length=length)
+        gets.append(key)  # a run of packed chunks
+        fetched[0] += len(data)
+        return data
+
+    # dag.test() runs every try in this process
+    monkeypatch.setattr(LocalObjectStore, "get", counting_get)
+    monkeypatch.setattr(LocalObjectStore, "get_range", counting_range)
     dag_id = f"cache_{uuid.uuid4().hex[:10]}"
     ledger = tmp_path / "ledger"
     path = dags_folder / f"{dag_id}.py"
@@ -676,7 +725,7 @@ def test_airflow_retry_on_the_same_worker_restores_from_the_cache(
         assert cache_files(cache_dir), "try 1's save filled the cache"
         assert any("from the restore cache" in m and "0 chunk(s) downloaded" in m for m in library_log)
     else:
-        assert len(gets) >= 3, "without the cache try 2 downloads every chunk"
+        assert fetched[0] >= 6 * 1024 * 1024 + 2, "without the cache try 2 downloads every byte"
         assert not cache_dir.exists()
 
 

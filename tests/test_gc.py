@@ -435,7 +435,11 @@ def test_an_unreadable_tree_of_a_released_identity_leaves_its_chunks_and_says_wh
             manifest = session.commit({"n": 1}, files=work)
         assert manifest.tree is not None
         store.delete(manifest.tree.key)
-        chunks = {info.key for info in store.list_objects("d/t/") if "/~chunks/" in info.key}
+        chunks = {
+            info.key
+            for info in store.list_objects("d/t/")
+            if "/~chunks/" in info.key or "/~packs/" in info.key
+        }
         plan = plan_gc(store, min_age=timedelta(0))
         [item] = plan.identities
         assert item.skipped and "its chunks are left alone" in item.skipped

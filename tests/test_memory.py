@@ -1,7 +1,8 @@
 """A large file round-trips through CheckpointStore with bounded memory, on both stores.
 
 Checkpoints of many GiB must fit in a small pod, so commit and restore stream: files are cut into chunks of
-at most 4 MiB and the transfers in flight hold at most ``transfer.MAX_IN_FLIGHT`` (12 MiB; a restore
+at most 4 MiB and the transfers in flight hold at most ``transfer.MAX_IN_FLIGHT`` (12 MiB) of loose chunks
+plus ``MAX_PACKED_IN_FLIGHT`` (32 MiB) of packed ones (a restore
 ``MAX_RESTORE_IN_FLIGHT``, 32 MiB) of chunk data,
 whatever the file size or the store. The measurement runs in a fresh interpreter so earlier tests do not
 pollute its peak RSS; moto's server, which holds the uploaded bytes, runs in its own process too.
@@ -28,7 +29,8 @@ from typing import Any
 import pytest
 
 from airflow_stateful.core.data.chunking import MAX_CHUNK, MIN_CHUNK, WINDOW
-from airflow_stateful.core.data.transfer import MAX_IN_FLIGHT, MAX_RESTORE_IN_FLIGHT
+from airflow_stateful.core.data.download import MAX_RESTORE_IN_FLIGHT
+from airflow_stateful.core.data.transfer import MAX_IN_FLIGHT, MAX_PACKED_IN_FLIGHT
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -184,7 +186,7 @@ def check(result: dict[str, Any]) -> None:
     assert result["again_same_tree"]
     assert result["chunk_objects"] <= 2 * math.ceil(FILE_SIZE / MIN_CHUNK)
 
-    in_flight = MAX_IN_FLIGHT + WINDOW + MAX_CHUNK
+    in_flight = MAX_IN_FLIGHT + MAX_PACKED_IN_FLIGHT + WINDOW + MAX_CHUNK  # loose chunks, packs, cutting
     restore_in_flight = MAX_RESTORE_IN_FLIGHT + MAX_CHUNK  # one chunk past the cap may pass
     peak = max(result["sampled_peak_rss"], result["hwm_rss"] or 0)
     growth = peak - result["baseline_rss"]

@@ -22,9 +22,10 @@ from maintenance import missing_references
 from s3_endpoint import S3Endpoint
 
 from airflow_stateful.core import CheckpointStore, Identity
+from airflow_stateful.core.data.packs import PACK_BELOW
 from airflow_stateful.core.errors import CheckpointNotFoundError, FencedError, InvalidValueError
 from airflow_stateful.core.protocol.session import WriterSession
-from airflow_stateful.core.records.formats import HEAD_NAME, OUTPUTS_FORMAT, PLAIN_FORMAT
+from airflow_stateful.core.records.formats import HEAD_NAME, OUTPUTS_FORMAT, PACKS_FORMAT, PLAIN_FORMAT
 from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
@@ -235,7 +236,7 @@ def test_kill_9_between_publish_and_commit_then_a_retry_yields_each_output_once(
         assert child.returncode == -signal.SIGKILL, child.stderr
         assert "staged" in child.stdout
         store = store_for(spec)
-        staged_chunks = {k for k in keys(store) if "/~chunks/" in k}
+        staged_chunks = {k for k in keys(store) if "/~chunks/" in k or "/~packs/" in k}
         assert staged_chunks, "the killed try had uploaded its output's chunks"
         assert reader(store).outputs() == {}, f"{kind}: a killed try's staged output became visible"
 
@@ -282,12 +283,18 @@ def test_a_head_with_outputs_is_written_in_the_format_older_releases_refuse(
     session.commit({"n": 1})
     head = reader(store).head()
     assert head is not None and head.format == PLAIN_FORMAT, "no outputs: still readable by format-2 releases"
-    session.publish("o", write(tmp_path / "o", b"o"))
+    # An output of one chunk too large to pack: format 3 is enough.
+    session.publish("o", write(tmp_path / "o", os.urandom(PACK_BELOW)))
     session.commit({"n": 2})
     head = reader(store).head()
     assert head is not None and head.format == OUTPUTS_FORMAT == 3
     body = json.loads(store.get(f"{IDENTITY.key}/{HEAD_NAME}").data)
     assert body["format"] == 3 and body["checkpoints"][-1]["outputs_tree"]["key"].startswith(IDENTITY.key)
+    # A small output is packed: format 5, which releases that do not know packs refuse.
+    session.publish("small", write(tmp_path / "small", b"s"))
+    session.commit({"n": 3})
+    head = reader(store).head()
+    assert head is not None and head.format == PACKS_FORMAT == 5
     session.close()
 
 

@@ -215,8 +215,10 @@ def test_a_format_1_manifest_or_one_listing_format_1_files_is_refused(
 def test_a_tree_naming_a_chunk_outside_its_identity_is_refused(store: ObjectStore, tmp_path: Path) -> None:
     seed(store, tmp_path)
 
-    def steal(tree: dict[str, Any]) -> None:  # point at another tenant's chunk
+    def steal(tree: dict[str, Any]) -> None:  # point at another tenant's chunk (a loose one)
         chunk = tree["files"][0]["chunks"][0]
+        chunk.pop("pack", None)
+        chunk.pop("offset", None)
         chunk["key"] = f"{OTHER.key}/~chunks/{chunk['sha256']}"
 
     rewrite_latest_tree(store, IDENTITY, steal)
@@ -224,6 +226,22 @@ def test_a_tree_naming_a_chunk_outside_its_identity_is_refused(store: ObjectStor
     latest = cs.latest()
     assert latest is not None
     with pytest.raises(CheckpointCorruptError, match=r"is not the ~chunks object of content .* in identity"):
+        cs.restore_files(latest, tmp_path / "out")
+
+
+def test_a_tree_naming_a_pack_outside_its_identity_is_refused(store: ObjectStore, tmp_path: Path) -> None:
+    seed(store, tmp_path)
+
+    def steal(tree: dict[str, Any]) -> None:  # point at another tenant's pack
+        chunk = tree["files"][0]["chunks"][0]
+        assert "pack" in chunk, "the seeded checkpoint's small files are packed"
+        chunk["pack"] = chunk["pack"].replace(IDENTITY.key, OTHER.key, 1)
+
+    rewrite_latest_tree(store, IDENTITY, steal)
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    latest = cs.latest()
+    assert latest is not None
+    with pytest.raises(CheckpointCorruptError, match=r"is not a pack of identity"):
         cs.restore_files(latest, tmp_path / "out")
 
 

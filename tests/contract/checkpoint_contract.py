@@ -25,7 +25,7 @@ from airflow_stateful.core.errors import (
 )
 from airflow_stateful.core.protocol.session import WriterSession
 from airflow_stateful.core.records.canonical import canonical_json, sha256_hex
-from airflow_stateful.core.records.formats import FORMAT_VERSION, HEAD_NAME
+from airflow_stateful.core.records.formats import FORMAT_VERSION, HEAD_NAME, PACKS_FORMAT
 from airflow_stateful.core.stores.base import ObjectStore
 from contract.faults import CrashingStore, FakeClock, SimulatedCrash
 
@@ -76,7 +76,7 @@ class CheckpointStoreContract:
         assert latest.seq == committed.seq == 1
         assert latest.value == {"next": 30, "rows": ["x", "y"]}
         assert latest.schema_version == 2
-        assert latest.format == 2 and latest.library_version
+        assert latest.format == PACKS_FORMAT and latest.library_version  # small files: packed
         assert (latest.writer.try_number, latest.writer.dag_version_id, latest.writer.host) == (
             2,
             "v-123",
@@ -87,9 +87,12 @@ class CheckpointStoreContract:
             "empty": 0,
             "sub/b.bin": 2560,
         }
-        chunks = {key for f in make(store).files(latest) for key in f.keys}
-        for path in ("a.txt", "sub/b.bin"):  # content-addressed: each chunk is named by its SHA-256
-            assert any(k.endswith(hashlib.sha256((files / path).read_bytes()).hexdigest()) for k in chunks)
+        # Content-addressed: each chunk is recorded by its SHA-256; small ones share one pack object.
+        chunks = [c for f in make(store).tree(latest).files for c in f.chunks]  # type: ignore[union-attr]
+        for path in ("a.txt", "sub/b.bin"):
+            assert hashlib.sha256((files / path).read_bytes()).hexdigest() in {c.sha256 for c in chunks}
+        assert {c.key for c in chunks} == {f"{IDENTITY.key}/~packs/{committed.commit_id}-000000"}
+        assert all(c.packed for c in chunks)
         restored = tmp_path / "restored"
         make(store).restore_files(latest, restored)
         assert read_tree(restored) == read_tree(files)
@@ -519,7 +522,7 @@ class CheckpointStoreContract:
         succeeds (staging files are closed as they complete, at most MAX_OPEN_FILES at once)."""
         import resource
 
-        from airflow_stateful.core.data.transfer import MAX_OPEN_FILES
+        from airflow_stateful.core.data.download import MAX_OPEN_FILES
 
         src = tree(tmp_path / "src", {f"d{i % 7}/f{i:04d}.txt": f"file {i}".encode() for i in range(600)})
         cs = make(store)
@@ -562,9 +565,9 @@ class CheckpointStoreContract:
         counter.calls.clear()
         counting.commit(lease, {"version": "new"}, files=src_new)
         steps = list(counter.calls)
-        # The head read, the previous checkpoint's tree (chunks it holds are not sent again), three chunks,
-        # the new tree, the head: deletes are off the commit path.
-        assert steps == ["get", "get", "put", "put", "put", "put", "put"], steps
+        # The head read, the previous checkpoint's tree (chunks it holds are not sent again), one pack holding
+        # the three new small chunks, the new tree, the head: deletes are off the commit path.
+        assert steps == ["get", "get", "put", "put", "put"], steps
 
         for crash_at, call in enumerate(steps):
             where = f"crash {'after' if after else 'before'} {call} (step {crash_at})"

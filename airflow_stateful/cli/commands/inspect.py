@@ -135,7 +135,10 @@ def cmd_cat(args: argparse.Namespace, store: ObjectStore) -> int:
         print(json.dumps(manifest.value, indent=2, default=str), file=args.out)
         return EXIT_OK
     with _mode_hint():
-        restored = cs.restore_files(manifest, args.files, mode=args.mode, shared_dest=args.shared_dest)
+        # durable: what the CLI restores outlives it (no retry restores it again after a power cut).
+        restored = cs.restore_files(
+            manifest, args.files, mode=args.mode, shared_dest=args.shared_dest, durable=True
+        )
     if args.json:
         print(
             json.dumps({"value": manifest.value, "restore": restored.to_json()}, indent=2, default=str),

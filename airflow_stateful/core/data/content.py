@@ -133,6 +133,12 @@ class ContentStore:
                 f"but its checkpoint records file_count {ref.file_count} and total_size {ref.total_size}: the "
                 "record was altered. Its files were not used."
             )
+        if tree.packed != ref.packed:
+            # What decides the format of the head and manifest naming it, so what an older release refuses.
+            raise CheckpointCorruptError(
+                f"tree {ref.key!r} in {self.store.url} {'names' if tree.packed else 'names no'} packed chunks, but "
+                f"its checkpoint records packed={ref.packed}: the record was altered. Its files were not used."
+            )
         self._keep(ref.key, tree)
         return tree
 
@@ -155,7 +161,12 @@ class ContentStore:
             self.store.put(key, data, if_none_match=True)
         self._keep(key, tree)
         return TreeRef(
-            key=key, sha256=sha, size=len(data), file_count=len(tree.files), total_size=tree.total_size
+            key=key,
+            sha256=sha,
+            size=len(data),
+            file_count=len(tree.files),
+            total_size=tree.total_size,
+            packed=tree.packed,
         )
 
     def upload_tree(
@@ -444,10 +455,13 @@ class ContentStore:
         mode: str = EXACT,
         cache: ChunkCache | None = None,
         shared_dest: bool = False,
+        durable: bool = False,
     ) -> RestoreResult:
         """Download a checkpoint's files into directory ``dest``, verified, all or nothing; what it did
         (:meth:`~airflow_stateful.core.protocol.checkpoint_store.CheckpointStore.restore_files` says how)."""
-        return restore_files(self, manifest, dest, mode=mode, cache=cache, shared_dest=shared_dest)
+        return restore_files(
+            self, manifest, dest, mode=mode, cache=cache, shared_dest=shared_dest, durable=durable
+        )
 
     def verify(self, manifest: Manifest) -> None:
         """Read back every byte of a checkpoint and check every hash (its tree's chunks); raise

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from airflow_stateful.core import events
 from airflow_stateful.core.data.destinations import check_destination, first_link, trusted_staging
+from airflow_stateful.core.data.download import download_files
 from airflow_stateful.core.data.files import check_distinct_paths, check_restore_targets, safe_relative
 from airflow_stateful.core.data.restore_modes import (
     EMPTY,
@@ -35,7 +36,6 @@ from airflow_stateful.core.data.restore_modes import (
     not_in_checkpoint,
     refuse_unless_empty,
 )
-from airflow_stateful.core.data.transfer import download_files
 from airflow_stateful.core.data.transfer_progress import TransferProgress
 from airflow_stateful.core.errors import InvalidValueError
 from airflow_stateful.core.records.formats import manifest_key
@@ -86,11 +86,13 @@ def restore_files(
     mode: str = EXACT,
     cache: ChunkCache | None = None,
     shared_dest: bool = False,
+    durable: bool = False,
 ) -> RestoreResult:
     """Download ``manifest``'s files into directory ``dest``, verified, all or nothing, in restore ``mode``.
 
     A checkpoint that carries no files (value only) leaves ``dest`` as it is in every mode: exact never empties
-    a directory because of a checkpoint that did not save one. ``shared_dest``: see :func:`prepare`."""
+    a directory because of a checkpoint that did not save one. ``shared_dest``: see :func:`prepare`.
+    ``durable``: fsync each restored file before it is moved into place (:mod:`.download`)."""
     mode = check_mode(mode)
     dest = Path(dest)
     prepare(
@@ -111,6 +113,7 @@ def restore_files(
         cache=cache,
         shared_dest=shared_dest,
         prepared=True,
+        durable=durable,
     )
 
 
@@ -139,6 +142,7 @@ def restore_tree_files(
     cache: ChunkCache | None = None,
     shared_dest: bool = False,
     prepared: bool = False,
+    durable: bool = False,
 ) -> RestoreResult:
     """Download ``files`` (tree entries: relative path, size, chunks) into ``dest``, verified, all or nothing.
 
@@ -154,6 +158,7 @@ def restore_tree_files(
             cached=cache.get if cache is not None else None,
             remember=cache.put if cache is not None else None,
             progress=progress,
+            durable=durable,
         )
 
     paths = [f.path for f in files]

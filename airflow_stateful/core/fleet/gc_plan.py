@@ -34,7 +34,7 @@ from airflow_stateful.core.records.formats import HEAD_NAME, MANIFEST_DIR
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
-from airflow_stateful.core.records.trees import CHUNK_DIR, TREE_DIR
+from airflow_stateful.core.records.trees import CHUNK_DIR, PACK_DIR, TREE_DIR
 from airflow_stateful.core.settings import GC_MIN_AGE, KEEP_FAILED_FOR, LEASE_GRACE
 from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
 
@@ -50,7 +50,7 @@ that ``du`` counts what the store bills and an identity deleted whole (or an orp
 collected on their own (:func:`~airflow_stateful.core.protocol.retention.unreferenced` passes them over). An
 identity whose head still references them is refused (FormatVersionError) and kept whole (:func:`plan_identity`).
 """
-IDENTITY_DIRS = (MANIFEST_DIR, TREE_DIR, CHUNK_DIR, FORMAT_1_DATA_DIR)
+IDENTITY_DIRS = (MANIFEST_DIR, TREE_DIR, CHUNK_DIR, PACK_DIR, FORMAT_1_DATA_DIR)
 """The folders of an identity that GC lists (beside its head)."""
 EXPIRED_STATE = "~state-store"
 """The pseudo-identity under which expired task/asset state documents are reported."""

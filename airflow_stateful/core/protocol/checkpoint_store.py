@@ -55,16 +55,11 @@ from airflow_stateful.core.protocol.reader import CheckpointReader
 from airflow_stateful.core.protocol.retention import KeepLast, RetentionPolicy, references, unreferenced
 from airflow_stateful.core.records.code_identity import CodeIdentity
 from airflow_stateful.core.records.codecs import JSON, encode_value, encoded_form
-from airflow_stateful.core.records.formats import (
-    MAX_EXPECTED_INTERVAL,
-    MAX_PINS,
-    OUTPUTS_FORMAT,
-    PLAIN_FORMAT,
-)
+from airflow_stateful.core.records.formats import MAX_EXPECTED_INTERVAL, MAX_PINS
 from airflow_stateful.core.records.heads import HeadRecord, PinRecord
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
-from airflow_stateful.core.records.manifests import Manifest
+from airflow_stateful.core.records.manifests import Manifest, manifest_format
 from airflow_stateful.core.records.outcomes import TryOutcome
 from airflow_stateful.core.records.outputs import (
     StagedOutput,
@@ -332,7 +327,7 @@ class CheckpointStore(CheckpointReader):
             tree=tree_ref,
             outputs=output_records,
             outputs_tree=outputs_tree,
-            format=OUTPUTS_FORMAT if outputs_tree is not None else PLAIN_FORMAT,
+            format=manifest_format(tree_ref, outputs_tree),
             code=code,
         )
         if check is not None:

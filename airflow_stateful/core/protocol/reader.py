@@ -160,6 +160,7 @@ class CheckpointReader:
         mode: str = EXACT,
         cache: ChunkCache | None = None,
         shared_dest: bool = False,
+        durable: bool = False,
     ) -> RestoreResult:
         """Download a checkpoint's files into directory ``dest``, verified, all or nothing; what it did.
 
@@ -172,9 +173,13 @@ class CheckpointReader:
         checkpoint without files leaves ``dest`` alone. ``cache`` may supply chunks without downloading them
         (verified like downloaded ones). ``dest`` must be this user's and writable by nobody else (another writer
         could plant links or an interrupted restore's journal there): InvalidValueError before anything is
-        written, unless ``shared_dest=True`` says the caller shares it knowingly.
+        written, unless ``shared_dest=True`` says the caller shares it knowingly. ``durable=True`` fsyncs every
+        restored file before it is moved into place: for a directory that outlives the task (the CLI's ``cat
+        --files``); a task's own restore does not need it, its retry restores again (docs/adr/0006-packs.md).
         """
-        return self.content.restore_files(manifest, dest, mode=mode, cache=cache, shared_dest=shared_dest)
+        return self.content.restore_files(
+            manifest, dest, mode=mode, cache=cache, shared_dest=shared_dest, durable=durable
+        )
 
     def verify(self, manifest: Manifest) -> None:
         """Read back every byte of a checkpoint and check every hash (its tree's chunks); raise

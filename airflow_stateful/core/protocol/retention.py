@@ -17,7 +17,7 @@ from typing import Protocol
 
 from airflow_stateful.core.records.formats import MANIFEST_DIR, MAX_KEPT
 from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
-from airflow_stateful.core.records.trees import CHUNK_DIR, TREE_DIR, Tree, TreeRef
+from airflow_stateful.core.records.trees import CHUNK_DIR, PACK_DIR, TREE_DIR, Tree, TreeRef
 from airflow_stateful.core.settings import GC_MIN_AGE, LEASE_GRACE
 from airflow_stateful.core.stores.base import ObjectInfo
 from airflow_stateful.core.timestamps import parse_iso
@@ -79,7 +79,8 @@ class IdleFor:
 
 @dataclass(frozen=True)
 class References:
-    """Every object the checkpoints a head keeps need: manifests, trees and chunks.
+    """Every object the checkpoints a head keeps need: manifests, trees, chunks and packs (a pack is needed
+    while one kept tree names one chunk in it).
 
     ``chunks_known`` is False when the trees were not read (a caller without store access): then no chunk
     counts as unreferenced, so nothing a kept checkpoint needs can be mistaken for garbage.
@@ -111,7 +112,7 @@ def references(head: HeadRecord | None, *, trees: Callable[[TreeRef], Tree] | No
 def unreferenced(
     identity_key: str, infos: Iterable[ObjectInfo], head: HeadRecord | None, *, refs: References | None = None
 ) -> list[ObjectInfo]:
-    """The objects of ``infos`` in ``identity_key``'s own folders (manifests, trees, chunks) that no kept
+    """The objects of ``infos`` in ``identity_key``'s own folders (manifests, trees, chunks, packs) that no kept
     checkpoint references. The head itself and nested identities' objects never qualify, and neither does
     anything else: format 1's ``~data/`` objects in particular, whose references only a format-1 record could
     show (this version refuses those, docs/formats.md), so they are never taken for garbage.
@@ -125,7 +126,7 @@ def unreferenced(
         rest = info.key[len(identity_key) + 1 :]
         top = rest.partition("/")[0]
         if (top in (MANIFEST_DIR, TREE_DIR) and info.key not in refs.keys) or (
-            top == CHUNK_DIR and refs.chunks_known and info.key not in refs.keys
+            top in (CHUNK_DIR, PACK_DIR) and refs.chunks_known and info.key not in refs.keys
         ):
             found.append(info)
     return found

@@ -13,10 +13,11 @@ from typing import Any
 
 from airflow_stateful.core.errors import CheckpointCorruptError, FormatVersionError
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 """The newest format this library reads and writes (docs/formats.md). 2: content-addressed trees and chunks,
 inline manifests. 3: published outputs (an outputs tree every kept checkpoint references). 4: pinned checkpoints
-(a head that lists a checkpoint retention must never evict). A record is written in the lowest format that can
+(a head that lists a checkpoint retention must never evict). 5: packs (small chunks stored inside pack objects,
+``~packs/``, that an older release's GC would take for garbage). A record is written in the lowest format that can
 hold it, so a writer that never publishes or pins stays readable by the releases that read 2; a release that
 reads less refuses a newer record instead of collecting objects it cannot see are referenced, or dropping a pin
 when it rewrites the head."""
@@ -29,6 +30,8 @@ OUTPUTS_FORMAT = 3
 """The format of a head or manifest that carries outputs (and of a head with outputs but no pins)."""
 PINS_FORMAT = 4
 """The format of a head that lists a pinned checkpoint."""
+PACKS_FORMAT = 5
+"""The format of a manifest whose tree (or outputs tree) names packed chunks, and of a head that keeps one."""
 MAX_PINS = 10
 """Most pinned checkpoints one head keeps; pinning another releases the oldest pin (with a warning)."""
 

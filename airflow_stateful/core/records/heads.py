@@ -20,6 +20,7 @@ from airflow_stateful.core.records.formats import (
     MAX_MANIFEST_BYTES,
     MAX_PINS,
     OUTPUTS_FORMAT,
+    PACKS_FORMAT,
     PINS_FORMAT,
     PLAIN_FORMAT,
     check_format,
@@ -257,8 +258,10 @@ class HeadRecord:
 
     @property
     def written_format(self) -> int:
-        """The format this head must be written in: 4 while a kept checkpoint is pinned, else 3 while one has
-        outputs, else 2."""
+        """The format this head must be written in: 5 while a kept checkpoint names packed chunks, else 4 while
+        one is pinned, else 3 while one has outputs, else 2."""
+        if any(t is not None and t.packed for e in self.checkpoints for t in (e.tree, e.outputs_tree)):
+            return PACKS_FORMAT
         if any(e.pinned for e in self.checkpoints):
             return PINS_FORMAT
         return OUTPUTS_FORMAT if any(e.outputs_tree for e in self.checkpoints) else PLAIN_FORMAT

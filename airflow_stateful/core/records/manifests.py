@@ -13,6 +13,8 @@ from airflow_stateful.core.records.fields import Fields
 from airflow_stateful.core.records.formats import (
     CODEC_NAME,
     MANIFEST_DIR,
+    OUTPUTS_FORMAT,
+    PACKS_FORMAT,
     PLAIN_FORMAT,
     check_format,
     format_1_refused,
@@ -20,6 +22,14 @@ from airflow_stateful.core.records.formats import (
 from airflow_stateful.core.records.outputs import OutputRecord, outputs_from_json
 from airflow_stateful.core.records.trees import MAX_FILES, TreeRef
 from airflow_stateful.core.records.writer import WriterInfo
+
+
+def manifest_format(tree: TreeRef | None, outputs_tree: TreeRef | None) -> int:
+    """The lowest format that holds a manifest with these trees: 5 if one names packed chunks, 3 with outputs,
+    else 2 (docs/formats.md: a record is written in the lowest format that can hold it)."""
+    if any(t is not None and t.packed for t in (tree, outputs_tree)):
+        return PACKS_FORMAT
+    return OUTPUTS_FORMAT if outputs_tree is not None else PLAIN_FORMAT
 
 
 @dataclass(frozen=True)

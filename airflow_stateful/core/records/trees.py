@@ -11,10 +11,18 @@ Layout, per identity::
 
     <identity>/~trees/<sha256>[-<commit_id>].json
     <identity>/~chunks/<sha256>[-<commit_id>]
+    <identity>/~packs/<commit_id>-<n>          (format 5)
 
 The ``-<commit_id>`` suffix is used only when an object of the plain name already exists but no checkpoint
 the writer keeps references it (garbage, which maintenance may be deleting right now): the writer then never
 adopts that object and writes its own copy under a name nobody else can have (the ADR explains the race).
+
+Small chunks (format 5, docs/adr/0006-packs.md) are not objects of their own: they are appended to *packs*,
+objects of many chunks named by the commit that wrote them (so no other writer can ever hold the name, and
+none is ever adopted). A packed chunk records its pack, its offset in it, its size and its SHA-256; a reader
+fetches it with a ranged GET and checks the SHA-256 like any chunk. A tree holding a packed chunk is tree
+format 3, and the checkpoint naming it format 5: a release that cannot read packs refuses it instead of
+collecting the packs as garbage.
 """
 
 from __future__ import annotations
@@ -36,7 +44,12 @@ MAX_PATH = 4096
 
 TREE_DIR = "~trees"
 CHUNK_DIR = "~chunks"
+PACK_DIR = "~packs"
 TREE_FORMAT = 2
+PACKED_TREE_FORMAT = 3
+"""The format of a tree that holds a packed chunk (a tree without one is still written in :data:`TREE_FORMAT`)."""
+MAX_PACK_BYTES = 256 * 1024 * 1024
+"""The largest pack a reader accepts an offset into (writers target far less: :mod:`~airflow_stateful.core.data.packs`)."""
 MAX_CHUNKS_PER_FILE = 1 << 20
 MAX_FILE_BYTES = MAX_CHUNKS_PER_FILE * MAX_CHUNK_BYTES
 """The largest file a tree can hold (4 TiB): as many chunks as a file may have, each as large as a chunk may be."""
@@ -49,6 +62,11 @@ MAX_TREE_BYTES = 512 * 1024 * 1024
 def chunk_key(identity: str, sha256: str, *, unique: str | None = None) -> str:
     """Where a chunk with this SHA-256 lives (``unique``: a commit id, for a copy of its own)."""
     return f"{identity}/{CHUNK_DIR}/{sha256}" + (f"-{unique}" if unique else "")
+
+
+def pack_key(identity: str, commit_id: str, n: int) -> str:
+    """Where pack ``n`` of commit ``commit_id`` lives: a name only that commit ever writes."""
+    return f"{identity}/{PACK_DIR}/{commit_id}-{n:06d}"
 
 
 def tree_key(identity: str, sha256: str, *, unique: str | None = None) -> str:
@@ -67,25 +85,54 @@ def _content_key(f: Fields, name: str, *, identity: str, folder: str, sha256: st
     return key
 
 
+def _pack_key(f: Fields, name: str, *, identity: str) -> str:
+    """A key that must be ``<identity>/~packs/<commit id>-<n>``: a pack of this identity."""
+    key = f.text(name, max_len=2048)
+    if not re.fullmatch(re.escape(f"{identity}/{PACK_DIR}/") + r"[0-9a-f]{32}-[0-9]{6}", key):
+        raise CheckpointCorruptError(
+            f"{f.what}: pack {key[:200]!r} is not a pack of identity {identity!r}; a checkpoint may only name its "
+            "own identity's objects"
+        )
+    return key
+
+
 @dataclass(frozen=True)
 class ChunkRef:
-    """One chunk of a file: where it is stored, its SHA-256 and its size."""
+    """One chunk of a file: where it is stored, its SHA-256 and its size.
+
+    ``offset`` is ``None`` for a chunk that is an object of its own (``key``: under ``~chunks/``) and the
+    chunk's first byte in pack ``key`` (under ``~packs/``) for a packed one."""
 
     key: str
     sha256: str
     size: int
+    offset: int | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.offset is not None
 
     def to_json(self) -> dict[str, Any]:
+        if self.offset is not None:
+            return {"pack": self.key, "offset": self.offset, "sha256": self.sha256, "size": self.size}
         return {"key": self.key, "sha256": self.sha256, "size": self.size}
 
     @classmethod
     def from_json(cls, data: Any, *, identity: str, what: str) -> ChunkRef:
         f = Fields(data, what=what)
         sha256 = f.sha256("sha256")
+        size = f.integer("size", maximum=MAX_CHUNK_BYTES)
+        if f.has("pack"):
+            return cls(
+                key=_pack_key(f, "pack", identity=identity),
+                sha256=sha256,
+                size=size,
+                offset=f.integer("offset", maximum=MAX_PACK_BYTES - size),
+            )
         return cls(
             key=_content_key(f, "key", identity=identity, folder=CHUNK_DIR, sha256=sha256),
             sha256=sha256,
-            size=f.integer("size", maximum=MAX_CHUNK_BYTES),
+            size=size,
         )
 
 
@@ -140,10 +187,20 @@ class Tree:
         return sum(f.size for f in self.files)
 
     def chunk_keys(self) -> set[str]:
+        """Every object holding this tree's bytes: chunk objects, and the packs its packed chunks live in."""
         return {c.key for f in self.files for c in f.chunks}
 
+    @property
+    def packed(self) -> bool:
+        """Whether a chunk of it lives in a pack (format 5: older releases must refuse it)."""
+        return any(c.offset is not None for f in self.files for c in f.chunks)
+
     def to_bytes(self) -> bytes:
-        body = {"format": TREE_FORMAT, "identity": self.identity, "files": [f.to_json() for f in self.files]}
+        body = {
+            "format": PACKED_TREE_FORMAT if self.packed else TREE_FORMAT,
+            "identity": self.identity,
+            "files": [f.to_json() for f in self.files],
+        }
         return canonical_json(body) + b"\n"
 
     @classmethod
@@ -154,33 +211,45 @@ class Tree:
         except (ValueError, RecursionError) as exc:
             raise CheckpointCorruptError(f"{what} is not valid JSON ({exc}).") from exc
         f = Fields(body, what=what)
-        f.integer("format", minimum=TREE_FORMAT, maximum=TREE_FORMAT)
+        fmt = f.integer("format", minimum=TREE_FORMAT, maximum=PACKED_TREE_FORMAT)
         f.equal("identity", identity)
         files = tuple(
             TreeFile.from_json(entry, identity=identity, what=f"{what} file {n}")
             for n, entry in enumerate(f.items("files", max_items=MAX_FILES))
         )
-        return cls(identity=identity, files=files)
+        tree = cls(identity=identity, files=files)
+        if tree.packed and fmt < PACKED_TREE_FORMAT:
+            raise CheckpointCorruptError(
+                f"{what} is in tree format {fmt} but names packed chunks (tree format {PACKED_TREE_FORMAT})"
+            )
+        return tree
 
 
 @dataclass(frozen=True)
 class TreeRef:
-    """How a checkpoint names its tree: the object, its SHA-256 and size (verified on read), and totals."""
+    """How a checkpoint names its tree: the object, its SHA-256 and size (verified on read), and totals.
+
+    ``packed``: the tree names packed chunks, so the head and manifest that name it are written in format 5
+    without reading the tree (and a reader checks the tree says the same)."""
 
     key: str
     sha256: str
     size: int
     file_count: int
     total_size: int
+    packed: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "key": self.key,
             "sha256": self.sha256,
             "size": self.size,
             "file_count": self.file_count,
             "total_size": self.total_size,
         }
+        if self.packed:
+            body["packed"] = True
+        return body
 
     @classmethod
     def from_json(cls, data: Any, *, identity: str, what: str) -> TreeRef:
@@ -192,4 +261,5 @@ class TreeRef:
             size=f.integer("size", maximum=MAX_TREE_BYTES),
             file_count=f.integer("file_count", maximum=MAX_FILES),
             total_size=f.integer("total_size", maximum=MAX_FILES * MAX_FILE_BYTES),
+            packed=f.boolean("packed"),
         )

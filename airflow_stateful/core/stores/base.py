@@ -93,6 +93,16 @@ class ObjectStore(abc.ABC):
         """
         return self.get(key, max_bytes=size).data
 
+    def get_range(self, key: str, *, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes of ``key`` from ``offset`` (a run of chunks inside a pack, format 5).
+
+        The caller checks every chunk's SHA-256, so no transport checksum is asked for; an object shorter than
+        the range gives fewer bytes (the caller's check then names the chunk corrupt). This default reads the
+        whole object: a store that can read a range (S3, the local store) overrides it.
+        """
+        data = self.get(key).data
+        return data[offset : offset + length]
+
     @abc.abstractmethod
     def put(
         self,

@@ -171,6 +171,13 @@ class LocalObjectStore(ObjectStore):
             raise ObjectNotFoundError(f"object {key!r} does not exist in {self.url}") from None
         return Blob(data=data, etag=_etag(data))
 
+    def get_range(self, key: str, *, offset: int, length: int) -> bytes:
+        try:
+            with open(self._path(key), "rb") as fh:
+                return os.pread(fh.fileno(), length, offset)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ObjectNotFoundError(f"object {key!r} does not exist in {self.url}") from None
+
     def put(
         self,
         key: str,

@@ -41,7 +41,7 @@ from airflow_stateful.core.stores.base import (
     StoredFile,
     too_large,
 )
-from airflow_stateful.core.stores.s3_download import Download
+from airflow_stateful.core.stores.s3_download import Download, read_range
 from airflow_stateful.core.stores.s3_errors import NOT_FOUND, READ_ATTEMPTS, transit_error, translate
 from airflow_stateful.core.stores.s3_listing import checked, delimited_pages
 from airflow_stateful.core.stores.s3_options import (
@@ -223,6 +223,18 @@ class S3ObjectStore(ObjectStore):
         # No response checksum asked for (the client's default is "when_required"): the caller's SHA-256 check
         # covers every byte. The length is still checked, by botocore and by max_bytes.
         return self._get(key, max_bytes=size, checksum=False).data
+
+    def get_range(self, key: str, *, offset: int, length: int) -> bytes:
+        return read_range(
+            self.client,
+            bucket=self.bucket,
+            key=key,
+            full_key=self._key(key),
+            owner=self._owner,
+            translate=self._translate,
+            offset=offset,
+            length=length,
+        )
 
     def _get(self, key: str, *, max_bytes: int | None, checksum: bool) -> Blob:
         mode: dict[str, Any] = {"ChecksumMode": "ENABLED"} if checksum else {}

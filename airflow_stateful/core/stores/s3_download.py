@@ -146,3 +146,49 @@ class Download:
         finally:
             for future in pending:
                 future.cancel()
+
+
+def read_range(
+    client: S3Client,
+    *,
+    bucket: str,
+    key: str,
+    full_key: str,
+    owner: Mapping[str, Any],
+    translate: Translate,
+    offset: int,
+    length: int,
+) -> bytes:
+    """One ranged GET of ``length`` bytes from ``offset`` (:meth:`S3ObjectStore.get_range`), sent again when the
+    answer broke off on the way. An object that ends before the range gives what it has: the caller's SHA-256
+    check of each chunk then names it corrupt."""
+    if length <= 0:
+        return b""
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            response = client.get_object(
+                Bucket=bucket, Key=full_key, Range=f"bytes={offset}-{offset + length - 1}", **owner
+            )
+        except Exception as exc:
+            if client_error_code(exc) == "InvalidRange":
+                return b""  # the object ends before the range starts
+            raise translate(exc, key) from exc
+        try:
+            data: bytes = response["Body"].read()
+            content_range = str(response.get("ContentRange") or "")
+            if not content_range:  # answered 200: a server that ignores Range sent the whole object
+                return data[offset : offset + length]
+            total = content_range.rpartition("/")[2]
+            expected = length if not total.isdigit() else max(0, min(length, int(total) - offset))
+            if len(data) != expected:
+                raise ShortRange(
+                    f"bytes {offset}-{offset + length - 1}: {len(data)} of {expected} bytes arrived"
+                )
+        except StatefulError:
+            raise
+        except Exception as exc:
+            if attempt < READ_ATTEMPTS and transit_error(exc):
+                continue
+            raise translate(exc, key, reading=True) from exc
+        return data
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
