@@ -10,7 +10,10 @@ old and new code share a store. The promises:
   which ``~data/`` objects the head references). The old build still reads and restores it afterwards;
   deleted by hand, as the error says, the identity starts afresh in this release;
 * an older release, meeting a checkpoint in a format newer than it reads, refuses with a clear error (it
-  never misreads the new layout), and its GC deletes nothing.
+  never misreads the new layout), and its GC deletes nothing;
+* checkpoints of the release before packs (``FORMAT_4_RELEASE``, every chunk an object of its own) restore
+  and are collected correctly by this one, which refuses nothing of theirs; that release refuses this one's
+  packed checkpoints (format 5) and its GC deletes none of their packs.
 
 The package has not been published to the package index, so "the old release" is a commit of this repository
 (``OLD_RELEASE``: the last that wrote format 1; ``FORMAT_2_RELEASE``: the last that read only formats 1 and 2),
@@ -37,7 +40,7 @@ import pytest
 from airflow_stateful.core import CheckpointStore, Identity
 from airflow_stateful.core.errors import FormatVersionError
 from airflow_stateful.core.fleet.gc import apply_gc, collect_garbage, plan_gc
-from airflow_stateful.core.records.formats import HEAD_NAME, PLAIN_FORMAT
+from airflow_stateful.core.records.formats import HEAD_NAME, PACKS_FORMAT, PLAIN_FORMAT
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 
@@ -200,7 +203,8 @@ def check_format_1_refused(
     assert snapshot(store) == before, "a refused read, a refused lease or GC changed the store"
 
     # The old build still reads and restores its checkpoint (what the error advises), which nothing above
-    # harmed. Then, deleted by hand as the error says, the identity starts afresh in this release (format 2).
+    # harmed. Then, deleted by hand as the error says, the identity starts afresh in this release (format 5:
+    # its one small file is a packed chunk).
     seen = run_old(old_code, "read", dict(settings), work)
     assert seen == {"ok": True, "value": {"step": 2, "by": "old"}}, seen
     assert digest_tree(work / "old-restore") == digest_tree(work / "old-src-2")
@@ -212,7 +216,7 @@ def check_format_1_refused(
     new = cs.commit(lease, {"step": 1, "by": "new"}, files=src)
     cs.release(lease)
     head = cs.head()
-    assert head is not None and head.format == PLAIN_FORMAT == 2
+    assert head is not None and head.format == PACKS_FORMAT == 5
     cs.restore_files(new, work / "new-restore")
     assert digest_tree(work / "new-restore") == digest_tree(src)
 
@@ -220,9 +224,9 @@ def check_format_1_refused(
     after = work / "after"
     after.mkdir()
     seen = run_old(old_code, "read", dict(settings), after)
-    assert seen["ok"] is False, f"the old release read a format-2 checkpoint: {seen}"
+    assert seen["ok"] is False, f"the old release read a format-5 checkpoint: {seen}"
     assert seen["error"] == "FormatVersionError", seen
-    assert "format 2" in seen["message"] and "newer" in seen["message"], seen["message"]
+    assert "format 5" in seen["message"] and "newer" in seen["message"], seen["message"]
     assert not (after / "old-restore").exists() or not any((after / "old-restore").iterdir())
 
 
@@ -313,10 +317,151 @@ def test_a_release_that_reads_only_format_2_refuses_a_head_with_outputs_and_its_
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["read"].startswith("FormatVersionError") and "format 3" in result["read"]
+    # Format 5 since packs (its 200 kB report is a packed chunk); format 3 before them.
+    assert result["read"].startswith("FormatVersionError") and "format 5" in result["read"]
     assert result["gc"] == "ran" or result["gc"].startswith("FormatVersionError"), result["gc"]
     assert result["deleted"] == [] and {info.key for info in store.list_objects("")} == before
     out = tmp_path / "out"
     assert list(CheckpointStore(store=store, identity=IDENTITY).restore_output("report", out)) == [
         out / "report"
     ]
+
+
+FORMAT_4_RELEASE = "bf69d1aceb45f79641f824f0a0b5083cb6daa083"
+"""The last commit before packs (format 5): it writes formats 2 to 4, every chunk an object of its own."""
+
+# The release before packs, run on a local store. argv: verb ("write", "read" or "gc"), store root, work dir.
+BEFORE_PACKS = r"""
+import hashlib, json, sys
+from datetime import timedelta
+from pathlib import Path
+
+from airflow_stateful.core import CheckpointStore, Identity
+from airflow_stateful.core.fleet.gc import apply_gc, plan_gc
+from airflow_stateful.core.records.formats import FORMAT_VERSION
+from airflow_stateful.core.stores.local import LocalObjectStore
+
+assert FORMAT_VERSION == 4, FORMAT_VERSION
+verb, root, work = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+store = LocalObjectStore(root=root)
+cs = CheckpointStore(store=store, identity=Identity.for_task(dag_id="upgrade", task_id="train", name="model"))
+if verb == "write":
+    lease = cs.acquire()
+    for step in (1, 2):
+        src = work / f"src-{step}"
+        (src / "parts").mkdir(parents=True)
+        (src / "weights.bin").write_bytes(bytes([step]) * 3_000_000)
+        for n in range(20):
+            (src / "parts" / f"p{n:02d}.txt").write_text(f"part {n} of step {step if n < 5 else 0}\n")
+        cs.commit(lease, {"step": step, "by": "format-4"}, files=src)
+    cs.release(lease)
+    print(json.dumps({"ok": True}))
+elif verb == "read":
+    try:
+        manifest = cs.latest()
+        cs.restore_files(manifest, work / "old-restore")
+        print(json.dumps({"read": "read", "value": manifest.value}))
+    except Exception as exc:
+        print(json.dumps({"read": f"{type(exc).__name__}: {exc}"}))
+else:
+    try:
+        plan = plan_gc(store, keep_last=1, min_age=timedelta(0), grace=0.0)
+        deleted, gc = sorted(apply_gc(plan).deleted), "ran"
+    except Exception as exc:
+        deleted, gc = [], f"{type(exc).__name__}: {exc}"
+    print(json.dumps({"gc": gc, "deleted": deleted}))
+"""
+
+
+@pytest.fixture(scope="module")
+def before_packs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_release(
+        FORMAT_4_RELEASE, "the last release before packs", tmp_path_factory.mktemp("format-4")
+    )
+
+
+def run_before_packs(code_dir: Path, verb: str, root: Path, work: Path) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = f"import sys; sys.path.insert(0, {str(code_dir)!r})\n" + BEFORE_PACKS
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", code, verb, str(root), str(work)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=code_dir,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"the release before packs failed ({proc.returncode}):\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_checkpoints_of_the_release_before_packs_restore_and_are_collected_by_this_one(
+    before_packs: Path, tmp_path: Path
+) -> None:
+    """An upgrade: what the previous release wrote (every chunk an object of its own) restores byte for byte,
+    a new checkpoint on top references its unchanged chunks and packs only the new small ones, and GC keeps
+    exactly what the kept checkpoints need, loose chunks and packs alike."""
+    root, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    assert run_before_packs(before_packs, "write", root, work) == {"ok": True}
+    store = LocalObjectStore(root=root)
+    assert not [i.key for i in store.list_objects("") if "/~packs/" in i.key]
+    cs = CheckpointStore(store=store, identity=IDENTITY, keep_last=1)
+    latest = cs.latest()
+    assert (
+        latest is not None and latest.value == {"step": 2, "by": "format-4"} and latest.format == PLAIN_FORMAT
+    )
+    cs.restore_files(latest, tmp_path / "restored")
+    assert digest_tree(tmp_path / "restored") == digest_tree(work / "src-2")
+
+    src = work / "src-2"
+    (src / "parts" / "p00.txt").write_text("changed by the new release\n")
+    lease = cs.acquire()
+    sent = {i.key for i in store.list_objects("")}
+    manifest = cs.commit(lease, {"step": 3, "by": "format-5"}, files=src)
+    cs.release(lease)
+    new = {i.key for i in store.list_objects("")} - sent
+    assert manifest.format == 5
+    assert [k for k in new if "/~chunks/" in k] == [], "unchanged chunks are referenced where they are"
+    assert len([k for k in new if "/~packs/" in k]) == 1, "the one changed small file went into a pack"
+
+    collect_garbage(cs, min_age=timedelta(0), grace=0.0)
+    head = cs.head()
+    assert head is not None and [e.seq for e in head.checkpoints] == [3]
+    tree = cs.tree(manifest)
+    assert tree is not None
+    needed = {c.key for f in tree.files for c in f.chunks}
+    left = {i.key for i in store.list_objects("") if "/~chunks/" in i.key or "/~packs/" in i.key}
+    assert left == needed, "GC deleted exactly the chunks only the dropped checkpoints needed"
+    out = tmp_path / "after-gc"
+    CheckpointStore(store=store, identity=IDENTITY).restore_files(manifest, out)
+    assert digest_tree(out) == digest_tree(src)
+
+
+def test_the_release_before_packs_refuses_a_packed_checkpoint_and_its_gc_deletes_nothing(
+    before_packs: Path, tmp_path: Path
+) -> None:
+    """A worker or GC not yet upgraded, meeting format 5, refuses with FormatVersionError instead of taking
+    the packs (which it does not know) for garbage."""
+    root, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    store = LocalObjectStore(root=root)
+    cs = CheckpointStore(store=store, identity=IDENTITY)
+    src = work / "new"
+    (src / "parts").mkdir(parents=True)
+    for n in range(30):
+        (src / "parts" / f"p{n:02d}.txt").write_text(f"part {n}\n")
+    lease = cs.acquire()
+    cs.commit(lease, {"step": 1}, files=src)
+    cs.commit(lease, {"step": 2}, files=src)
+    cs.release(lease)
+    before = snapshot(store)
+    read = run_before_packs(before_packs, "read", root, work)
+    assert read["read"].startswith("FormatVersionError") and "format 5" in read["read"], read
+    assert "Upgrade airflow-provider-stateful" in read["read"]
+    gc = run_before_packs(before_packs, "gc", root, work)
+    assert gc["deleted"] == [], gc
+    assert snapshot(store) == before, "the old release wrote or deleted nothing"
+    out = tmp_path / "out"
+    CheckpointStore(store=store, identity=IDENTITY).restore_files(cs.latest(), out)  # type: ignore[arg-type]
+    assert digest_tree(out) == digest_tree(src)
