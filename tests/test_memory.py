@@ -1,10 +1,9 @@
-"""A large file round-trips through CheckpointStore with bounded memory, on both stores.
+"""A large file, and a tree of many small ones, round-trip through CheckpointStore with bounded memory.
 
 Checkpoints of many GiB must fit in a small pod, so commit and restore stream: files are cut into chunks of
-at most 4 MiB and the transfers in flight hold at most ``transfer.MAX_IN_FLIGHT`` (12 MiB) of loose chunks
-plus ``MAX_PACKED_IN_FLIGHT`` (32 MiB) of packed ones (a restore
-``MAX_RESTORE_IN_FLIGHT``, 32 MiB) of chunk data,
-whatever the file size or the store. The measurement runs in a fresh interpreter so earlier tests do not
+at most 4 MiB and a save holds at most ``transfer.MAX_SAVE_IN_FLIGHT`` (20 MiB: two 8 MiB packs and a chunk)
+of chunk data, loose chunks of large files within ``MAX_IN_FLIGHT`` (12 MiB) of it; a restore
+``MAX_RESTORE_IN_FLIGHT`` (32 MiB), whatever the file size, the number of files or the store. The measurement runs in a fresh interpreter so earlier tests do not
 pollute its peak RSS; moto's server, which holds the uploaded bytes, runs in its own process too.
 
 Two figures are checked:
@@ -12,8 +11,10 @@ Two figures are checked:
 * peak RSS growth, what a pod's memory limit sees, must stay within the documented 64 MiB (glibc's
   per-thread arenas and its moving mmap threshold keep some freed memory, so RSS is above the live bytes);
 * the peak of live Python allocations (tracemalloc), the library's own buffering, which must stay within the
-  documented in-flight bound: ``MAX_IN_FLIGHT`` plus the chunker's window plus the chunk being hashed (a
-  restore: ``MAX_RESTORE_IN_FLIGHT`` plus one chunk).
+  documented in-flight bound: ``MAX_IN_FLIGHT`` (a large file: its chunks are never packed) or
+  ``MAX_SAVE_IN_FLIGHT`` (small files, packed) plus the chunker's window plus the chunk being hashed (a
+  restore: ``MAX_RESTORE_IN_FLIGHT`` plus one chunk). Packs are filled in anonymous mappings, which
+  tracemalloc does not see: RSS is what bounds them.
 """
 
 from __future__ import annotations
@@ -30,17 +31,20 @@ import pytest
 
 from airflow_stateful.core.data.chunking import MAX_CHUNK, MIN_CHUNK, WINDOW
 from airflow_stateful.core.data.download import MAX_RESTORE_IN_FLIGHT
-from airflow_stateful.core.data.transfer import MAX_IN_FLIGHT, MAX_PACKED_IN_FLIGHT
+from airflow_stateful.core.data.packs import PACK_TARGET
+from airflow_stateful.core.data.transfer import MAX_IN_FLIGHT, MAX_SAVE_IN_FLIGHT
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 MIB = 1024 * 1024
 FILE_SIZE = 256 * MIB
+SMALL_FILES, SMALL_SIZE = 2048, 32 * 1024  # 64 MiB in 2,048 files: every one packed (8 packs)
 SLACK = 8 * MIB
 RSS_BOUND = 64 * MIB
 REPO = Path(__file__).resolve().parent.parent
 
-# argv: store kind ("local" or "s3"), file size, work dir. S3 settings come in STATEFUL_MEM_S3 (JSON), so
+# argv: store kind ("local" or "s3"), shape ("big": one file of that size; "small": that many files of 32 KiB),
+# size, work dir. S3 settings come in STATEFUL_MEM_S3 (JSON), so
 # credentials of a real endpoint never show in a process listing.
 CHILD = r"""
 import gc, hashlib, json, os, sys, threading, time, tracemalloc
@@ -52,28 +56,34 @@ from airflow_stateful.core import CheckpointStore, Identity
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.stores.s3 import S3ObjectStore
 
-kind, size, work = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+kind, shape, size, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 proc = psutil.Process()
 MIB = 1024 * 1024
 
 
-def sha256_of(path):
+def sha256_of(root):  # one digest of every file's path and bytes under root
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(MIB):
-            digest.update(chunk)
+    for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        with open(path, "rb") as fh:
+            while chunk := fh.read(MIB):
+                digest.update(chunk)
     return digest.hexdigest()
 
 
-# The file is written in 1 MiB chunks of random bytes (incompressible, no repeated parts).
+# Random bytes (incompressible, no repeated parts): one file written 1 MiB at a time, or many small ones.
 src = work / "src"
 src.mkdir()
-expected = hashlib.sha256()
-with open(src / "big.bin", "wb") as fh:
-    for _ in range(size // MIB):
-        chunk = os.urandom(MIB)
-        expected.update(chunk)
-        fh.write(chunk)
+if shape == "big":
+    with open(src / "big.bin", "wb") as fh:
+        for _ in range(size // MIB):
+            fh.write(os.urandom(MIB))
+else:
+    for i in range(size):
+        part = src / f"part={i // 256:03d}"
+        part.mkdir(exist_ok=True)
+        (part / f"{i:05d}.bin").write_bytes(os.urandom(32 * 1024))
+expected = sha256_of(src)
 
 if kind == "s3":
     s3 = json.loads(os.environ["STATEFUL_MEM_S3"])
@@ -109,7 +119,7 @@ def sample():
 
 sampler = threading.Thread(target=sample, daemon=True)
 sampler.start()
-manifest = cs.commit(lease, {"file": "big.bin"}, files=src)
+manifest = cs.commit(lease, {"shape": shape}, files=src)
 mid = proc.memory_info().rss
 restored = cs.restore_files(cs.latest(), work / "dest")
 done.set()
@@ -123,7 +133,7 @@ if hwm_reset:
             hwm = int(line.split()[1]) * 1024
 
 # The same file again: every chunk is already kept, so nothing is uploaded.
-again = cs.commit(lease, {"file": "big.bin", "again": True}, files=src)
+again = cs.commit(lease, {"shape": shape, "again": True}, files=src)
 
 # A second round trip under tracemalloc (which perturbs RSS, hence not during the first): the peak of
 # live Python allocations, i.e. the library's own buffers, independent of the allocator. It goes to a new
@@ -131,7 +141,7 @@ again = cs.commit(lease, {"file": "big.bin", "again": True}, files=src)
 cs2 = CheckpointStore(store=store, identity=Identity.for_task(dag_id="mem", task_id="big", name="traced"))
 lease2 = cs2.acquire()
 tracemalloc.start(1)
-second = cs2.commit(lease2, {"file": "big.bin", "round": 2}, files=src)
+second = cs2.commit(lease2, {"shape": shape, "round": 2}, files=src)
 traced_commit = tracemalloc.get_traced_memory()[1]
 tracemalloc.reset_peak()
 cs2.restore_files(second, work / "dest2")
@@ -140,31 +150,40 @@ tracemalloc.stop()
 
 print(json.dumps({
     "kind": kind,
+    "shape": shape,
     "settings": settings,
-    "file_size": size,
     "baseline_rss": baseline,
     "sampled_peak_rss": peak,
     "hwm_rss": hwm,
     "traced_commit": traced_commit,
     "traced_restore": traced_restore,
     "committed_size": manifest.total_size,
-    "restored": [str(p.relative_to(work / "dest")) for p in restored],
-    "expected_sha256": expected.hexdigest(),
-    "restored_sha256": sha256_of(work / "dest" / "big.bin"),
+    "restored": len(restored),
+    "expected_sha256": expected,
+    "restored_sha256": sha256_of(work / "dest"),
     "recorded_size": sum(f.size for f in cs.files(manifest)),
     "again_same_tree": again.tree == manifest.tree,
     "chunk_objects": len([o for o in store.list_objects("") if "/~chunks/" in o.key]),
-    "second_sha256": sha256_of(work / "dest2" / "big.bin"),
+    "pack_objects": len([o for o in store.list_objects("") if "/~packs/" in o.key]),
+    "second_sha256": sha256_of(work / "dest2"),
 }))
 """
 
 
-def measure(kind: str, work: Path, s3: dict[str, Any] | None = None) -> dict[str, Any]:
+def measure(kind: str, work: Path, s3: dict[str, Any] | None = None, *, shape: str = "big") -> dict[str, Any]:
     env = dict(os.environ)
     if s3 is not None:
         env["STATEFUL_MEM_S3"] = json.dumps(s3)
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, kind, str(FILE_SIZE), str(work)],
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            kind,
+            shape,
+            str(FILE_SIZE if shape == "big" else SMALL_FILES),
+            str(work),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -177,22 +196,34 @@ def measure(kind: str, work: Path, s3: dict[str, Any] | None = None) -> dict[str
 
 def check(result: dict[str, Any]) -> None:
     # Correctness first: the bytes that came back are the bytes that went in.
-    assert result["committed_size"] == FILE_SIZE
-    assert result["restored"] == ["big.bin"]
+    big = result["shape"] == "big"
+    total = FILE_SIZE if big else SMALL_FILES * SMALL_SIZE
+    assert result["committed_size"] == total
+    assert result["restored"] == (1 if big else SMALL_FILES)
     assert result["restored_sha256"] == result["expected_sha256"]
-    assert result["recorded_size"] == result["file_size"]
+    assert result["recorded_size"] == total
     assert result["second_sha256"] == result["expected_sha256"]
-    # Saving the same file again references the same chunks and tree; only the traced identity adds chunks.
+    # Saving the same tree again references the same chunks and tree; only the traced identity adds objects.
     assert result["again_same_tree"]
-    assert result["chunk_objects"] <= 2 * math.ceil(FILE_SIZE / MIN_CHUNK)
-
-    in_flight = MAX_IN_FLIGHT + MAX_PACKED_IN_FLIGHT + WINDOW + MAX_CHUNK  # loose chunks, packs, cutting
+    if big:  # a large file's chunks are objects of their own, never packed
+        assert result["chunk_objects"] <= 2 * math.ceil(FILE_SIZE / MIN_CHUNK)
+        assert result["pack_objects"] == 0
+        in_flight = MAX_IN_FLIGHT + WINDOW + MAX_CHUNK  # loose chunks, the chunker's window, the one hashed
+    else:  # every small file is in a pack: two identities of 64 MiB in 8 MiB packs
+        assert result["chunk_objects"] == 0
+        assert result["pack_objects"] <= 2 * (math.ceil(total / PACK_TARGET) + 1)
+        in_flight = MAX_SAVE_IN_FLIGHT + MAX_CHUNK
     restore_in_flight = MAX_RESTORE_IN_FLIGHT + MAX_CHUNK  # one chunk past the cap may pass
     peak = max(result["sampled_peak_rss"], result["hwm_rss"] or 0)
     growth = peak - result["baseline_rss"]
     figures = (
-        f"{result['kind']} store {result['settings']}: file {FILE_SIZE / MIB:.0f} MiB, "
-        f"baseline RSS {result['baseline_rss'] / MIB:.1f} MiB, peak {peak / MIB:.1f} MiB "
+        f"{result['kind']} store {result['settings']}: "
+        + (
+            f"file {FILE_SIZE / MIB:.0f} MiB, "
+            if big
+            else f"{SMALL_FILES} files of {SMALL_SIZE // 1024} KiB, "
+        )
+        + f"baseline RSS {result['baseline_rss'] / MIB:.1f} MiB, peak {peak / MIB:.1f} MiB "
         f"(sampled {result['sampled_peak_rss'] / MIB:.1f}, VmHWM "
         f"{(result['hwm_rss'] or 0) / MIB:.1f}), growth {growth / MIB:.1f} MiB; live Python allocations "
         f"peak {result['traced_commit'] / MIB:.1f} MiB in commit, {result['traced_restore'] / MIB:.1f} MiB "
@@ -215,3 +246,15 @@ def test_s3_store_round_trip_has_bounded_memory(tmp_path: Path, s3_endpoint: Any
     result = measure("s3", tmp_path, settings)
     assert result["settings"] == {"part_size": 8 * MIB, "max_concurrency": 4}
     check(result)
+
+
+def test_many_small_files_round_trip_has_bounded_memory(
+    tmp_path: Path, s3_endpoint: Any, s3_prefix: str
+) -> None:
+    """2,048 files of 32 KiB, every one packed: the packs being filled and uploaded stay within the bound."""
+    settings = {"bucket": s3_endpoint.bucket, "prefix": s3_prefix, **s3_endpoint.options()}
+    check(measure("s3", tmp_path, settings, shape="small"))
+
+
+def test_many_small_files_on_a_local_store_have_bounded_memory(tmp_path: Path) -> None:
+    check(measure("local", tmp_path, shape="small"))

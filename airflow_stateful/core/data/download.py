@@ -78,7 +78,7 @@ class _Target:
             self._created = True
             return fd
 
-    def write(self, data: bytes, offset: int) -> None:
+    def write(self, data: bytes | memoryview, offset: int) -> None:
         fd = self._open()
         try:
             os.pwrite(fd, data, offset)
@@ -93,7 +93,7 @@ class _Target:
             os.close(fd)
 
 
-def _check(chunk: ChunkRef, data: bytes, store: ObjectStore) -> None:
+def _check(chunk: ChunkRef, data: bytes | memoryview, store: ObjectStore) -> None:
     got = hashlib.sha256(data).hexdigest()
     if len(data) != chunk.size or got != chunk.sha256:
         where = (
@@ -130,7 +130,7 @@ def download_files(
         data = cached(chunk) if cached is not None else None
         return data if data is not None and hashlib.sha256(data).hexdigest() == chunk.sha256 else None
 
-    def place(chunk: ChunkRef, data: bytes, targets: list[tuple[_Target, int]]) -> None:
+    def place(chunk: ChunkRef, data: bytes | memoryview, targets: list[tuple[_Target, int]]) -> None:
         for target, offset in targets:
             target.write(data, offset)
             if progress:
@@ -174,15 +174,17 @@ def download_files(
                     raise CheckpointCorruptError(
                         f"pack {key!r} is missing from {store.url}: {exc}. Nothing was restored."
                     ) from exc
-                view = memoryview(blob)
-                for chunk, targets in missing:
-                    at = (chunk.offset or 0) - start
-                    data = bytes(view[at : at + chunk.size])
-                    _check(chunk, data, store)
-                    if remember is not None:
-                        remember(chunk, data)
-                    place(chunk, data, targets)
-                del view, blob
+                # Slices of the one buffer the GET returned, never copies (the restore's memory bound counts
+                # each range once); only the cache keeps a chunk's bytes of its own.
+                with memoryview(blob) as view:
+                    for chunk, targets in missing:
+                        at = (chunk.offset or 0) - start
+                        with view[at : at + chunk.size] as piece:
+                            _check(chunk, piece, store)
+                            if remember is not None:
+                                remember(chunk, bytes(piece))
+                            place(chunk, piece, targets)
+                del blob
         except BaseException as exc:
             failures.append(exc)
             raise

@@ -1,6 +1,6 @@
 """Packs: many small chunks in one object, so a tree of small files costs a few PUTs and a few ranged GETs.
 
-A save appends every chunk smaller than :data:`PACK_BELOW` to the pack it is filling; at
+A save appends every file smaller than :data:`PACK_BELOW` (such a file is one chunk) to the pack it is filling; at
 :data:`PACK_TARGET` bytes the pack is sealed and uploaded (in parallel with the next one being filled, and with
 the hashing and reading of the files), under a name only this commit writes (``~packs/<commit_id>-<n>``), so
 no other writer and no GC can ever hold that name. The tree records, per packed chunk, its pack, offset, size
@@ -14,6 +14,7 @@ This module only builds packs and plans ranges; :mod:`~airflow_stateful.core.dat
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,25 +24,32 @@ from airflow_stateful.core.records.trees import ChunkRef, pack_key
 
 MIB = 1024 * 1024
 PACK_BELOW = 1 * MIB
-"""Chunks smaller than this go into packs. Larger ones stay objects of their own: one such chunk is already
-a request's worth of bytes, and an object of its own is deleted the moment no checkpoint needs it."""
-PACK_TARGET = 16 * MIB
+"""Files smaller than this (each one chunk) go into packs. The chunks of larger files stay objects of their own:
+one such chunk is already a request's worth of bytes (0.5-4 MiB), an object of its own is deleted the moment no
+checkpoint needs it, and a large file then never holds a pack's worth of memory while it streams."""
+PACK_TARGET = 8 * MIB
 """A pack is sealed once it holds this many bytes (docs/performance.md: the measurement behind it). Packs of
-16 MiB keep a tree of 10,000 small files to a few objects, and two or three of them in flight keep the save's
-memory within its bound."""
+8 MiB keep a tree of 10,000 small files to a few objects; two of them in flight (one filling, one uploading)
+keep a save within its 64 MiB memory bound on S3, where 16 MiB packs did not (peak RSS growth 72-96 MiB)."""
 MAX_GAP = 256 * 1024
 """Neighbouring chunks of one pack closer than this are read by one GET (the gap's bytes are dropped)."""
-MAX_RANGE = 8 * MIB
-"""The longest ranged GET a restore sends: several per pack, so a restore of one pack still runs in parallel."""
+MAX_RANGE = 4 * MIB
+"""The longest ranged GET a restore sends: two or more per pack, so a restore of one pack still runs in
+parallel, and a GET's buffer is no larger than a loose chunk's (the restore's memory bound)."""
 
 
 @dataclass(frozen=True)
 class SealedPack:
-    """A full pack, ready to upload: its key, its bytes and how many chunks it holds."""
+    """A full pack, ready to upload: its key, its bytes (an anonymous mapping: :meth:`close` it once
+    uploaded) and how many chunks it holds."""
 
     key: str
-    data: bytes | bytearray
+    data: mmap.mmap
     chunks: int
+
+    def close(self) -> None:
+        """Give the pack's memory back (its bytes are gone after this)."""
+        self.data.close()
 
 
 class PackBuilder:
@@ -56,21 +64,33 @@ class PackBuilder:
         self._identity, self._commit_id, self._target = identity, commit_id, target
         self._lock = threading.Lock()
         self._n = 0
-        self._buffer = bytearray()
+        self._buffer: mmap.mmap | None = None
+        self._fill = 0
         self._chunks = 0
 
     def add(self, sha256: str, data: bytes) -> tuple[ChunkRef, SealedPack | None]:
-        """Append a chunk; returns where it now lives, and the pack if this chunk filled it."""
+        """Append a chunk (smaller than :data:`PACK_BELOW`); returns where it now lives, and the pack if this
+        chunk filled it."""
+        size = len(data)
+        if size >= PACK_BELOW:
+            raise ValueError(f"a chunk of {size} bytes is not packed (packs hold chunks below {PACK_BELOW})")
         with self._lock:
+            if self._buffer is None:
+                # An anonymous mapping of the pack's whole capacity, filled in place: its pages are touched only
+                # as they are written and go back to the system the moment the uploaded pack is closed. A
+                # bytearray grown by appending is reallocated as it grows, and the freed copies fragment the
+                # heap: a save of 64 MiB of small files then grew peak RSS by 52-70 MiB (docs/adr/0006).
+                self._buffer = mmap.mmap(-1, self._target + PACK_BELOW)
             ref = ChunkRef(
                 key=pack_key(self._identity, self._commit_id, self._n),
                 sha256=sha256,
-                size=len(data),
-                offset=len(self._buffer),
+                size=size,
+                offset=self._fill,
             )
-            self._buffer += data
+            self._buffer[self._fill : self._fill + size] = data
+            self._fill += size
             self._chunks += 1
-            sealed = self._seal() if len(self._buffer) >= self._target else None
+            sealed = self._seal() if self._fill >= self._target else None
         return ref, sealed
 
     def flush(self) -> SealedPack | None:
@@ -79,14 +99,18 @@ class PackBuilder:
             return self._seal() if self._chunks else None
 
     def _seal(self) -> SealedPack:
-        # The buffer itself, not a copy: a second 16 MiB while the first is still referenced would cost the
-        # save's memory bound a whole pack. Nothing appends to it once it is handed over.
+        # The buffer itself, not a copy: a second 8 MiB while the first is still referenced would cost the
+        # save's memory bound a whole pack. Cut to its filled length in place; nothing writes to it after.
+        buffer = self._buffer
+        assert buffer is not None
+        buffer.resize(self._fill)
         sealed = SealedPack(
             key=pack_key(self._identity, self._commit_id, self._n),
-            data=self._buffer,
+            data=buffer,
             chunks=self._chunks,
         )
-        self._buffer = bytearray()
+        self._buffer = None
+        self._fill = 0
         self._chunks = 0
         self._n += 1
         return sealed

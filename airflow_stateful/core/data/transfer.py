@@ -2,8 +2,9 @@
 
 Files are cut into chunks (:mod:`airflow_stateful.core.data.chunking`), each chunk hashed (SHA-256) and, unless
 the identity already holds it (a chunk of the checkpoint the writer started from), stored by a pool of threads:
-a chunk smaller than :data:`~airflow_stateful.core.data.packs.PACK_BELOW` is appended to the pack being filled
-(format 5, :mod:`.packs`), which is uploaded once full; a larger one is put as an object of its own. The bytes in
+a file smaller than :data:`~airflow_stateful.core.data.packs.PACK_BELOW` (one chunk) is appended to the pack
+being filled (format 5, :mod:`.packs`), which is uploaded once full; a larger file's chunks are put as objects of
+their own. The bytes in
 flight (read, packed but not yet uploaded, or being uploaded) are capped, so memory stays bounded whatever the
 size or the number of files.
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from airflow_stateful.core.data.budget import ByteBudget
-from airflow_stateful.core.data.chunking import iter_chunks
+from airflow_stateful.core.data.chunking import MAX_CHUNK, iter_chunks
 from airflow_stateful.core.data.file_index import FileIndex, FileStatus
 from airflow_stateful.core.data.files import LocalFile
 from airflow_stateful.core.data.packs import PACK_BELOW, PACK_TARGET, PackBuilder, SealedPack
@@ -33,9 +34,11 @@ from airflow_stateful.core.stores.base import ObjectStore, ProgressCallback
 
 MAX_IN_FLIGHT = 12 * 1024 * 1024
 """Bytes of loose chunk data held by queued and running uploads at most (the RSS bound is built on it)."""
-MAX_PACKED_IN_FLIGHT = 2 * PACK_TARGET
-"""Bytes of packed chunks held at most on top of that: the pack being filled plus the sealed ones uploading
-(one sealed pack uploads while the next fills; a third waits)."""
+MAX_SAVE_IN_FLIGHT = 2 * PACK_TARGET + MAX_CHUNK
+"""Bytes of chunk data a save holds at most, loose and packed together: room for the pack being filled, a
+sealed one uploading and the chunks being hashed, so pack uploads overlap the filling of the next pack. Loose
+chunks are held within :data:`MAX_IN_FLIGHT` of it, so a tree of large files buffers no more than before packs.
+Together, not two budgets side by side: the save's memory bound (tests/test_memory.py) is this one figure."""
 
 
 @dataclass
@@ -71,10 +74,23 @@ def upload_files(
     ``index``: the writer's :class:`~airflow_stateful.core.data.file_index.FileIndex`; a file whose status it
     knows, all of whose chunks are in ``known``, is not read at all. Updated when the upload succeeds.
     ``remember`` sees each chunk uploaded, with its bytes (the worker's restore cache): it must not raise.
-    ``pack``: put chunks below :data:`~airflow_stateful.core.data.packs.PACK_BELOW` into packs (format 5); off,
+    ``pack``: put files below :data:`~airflow_stateful.core.data.packs.PACK_BELOW` into packs (format 5); off,
     every chunk is an object of its own (what releases before format 5 read).
     """
-    budget = ByteBudget(MAX_IN_FLIGHT + (MAX_PACKED_IN_FLIGHT if pack else 0))
+    loose_budget = ByteBudget(MAX_IN_FLIGHT)
+    save_budget = ByteBudget(MAX_SAVE_IN_FLIGHT)
+
+    def take(size: int, packed: bool) -> None:
+        """Hold a chunk's bytes before it is read on: a loose one in both budgets, a packed one in the save's."""
+        if not packed:
+            loose_budget.take(size)
+        save_budget.take(size)
+
+    def give(size: int, packed: bool) -> None:
+        save_budget.give(size)
+        if not packed:
+            loose_budget.give(size)
+
     packs = PackBuilder(identity=identity, commit_id=commit_id) if pack else None
     pack_futures: list[Future[None]] = []
     placed: dict[str, ChunkRef] = dict(known)
@@ -88,25 +104,28 @@ def upload_files(
         try:
             if check is not None:
                 check()
-            # The pack's buffer as it is (a bytearray: stores write any bytes-like object), never a copy.
+            # The pack's mapping as it is (stores write any bytes-like object; boto3 reads it as a file),
+            # never a copy.
             store.put(sealed.key, cast(bytes, sealed.data), if_none_match=True)
         except BaseException as exc:
             failures.append(exc)
             raise
         finally:
-            budget.give(len(sealed.data))
+            give(len(sealed.data), True)
+            sealed.close()
 
     def seal(sealed: SealedPack | None) -> None:
         if sealed is not None:
             with lock:
                 pack_futures.append(pool.submit(upload_pack, sealed))
 
-    def process(data: bytes) -> str:
+    def process(data: bytes, packed: bool) -> str:
         """Hash one chunk and store it unless the identity holds it or another thread is storing it.
 
         Hashing runs here, on the pool (hashlib releases the GIL), while the calling thread cuts the next
         chunks: on two cores cutting and hashing overlap instead of adding up. A small chunk goes into the
-        pack being filled and its bytes stay counted against the budget until that pack is uploaded."""
+        pack being filled (``packed``) and its bytes stay counted against the budget until that pack is
+        uploaded."""
         size = len(data)
         held = size  # given back here, unless the pack now holds them
         try:
@@ -117,7 +136,8 @@ def upload_files(
                     reused[1] += size
                     return sha
                 claimed.add(sha)
-            if packs is not None and size < PACK_BELOW:
+            if packed:
+                assert packs is not None
                 ref, sealed = packs.add(sha, data)
                 held = 0
                 with lock:
@@ -154,7 +174,7 @@ def upload_files(
         finally:
             del data
             if held:
-                budget.give(held)
+                give(held, packed)
 
     # Per file: its chunks' futures (each gives the chunk's SHA-256) and sizes, and what the index needs.
     layouts: list[tuple[LocalFile, list[Future[str]] | None, list[tuple[str, int]]]] = []
@@ -176,15 +196,18 @@ def upload_files(
                             progress(local.size)
                         continue
                 started = time.time_ns()
+                # A file smaller than PACK_BELOW is one chunk, and it goes into a pack; a larger file's chunks
+                # (a few MiB each) stay objects of their own, as before packs.
+                packed = packs is not None and local.size < PACK_BELOW
                 mine: list[Future[str]] = []
                 sizes: list[tuple[str, int]] = []
                 try:
                     for data in iter_chunks(local.path, local.size):
                         if failures:
                             raise failures[0]
-                        budget.take(len(data))
+                        take(len(data), packed)
                         sizes.append(("", len(data)))
-                        mine.append(pool.submit(process, data))
+                        mine.append(pool.submit(process, data, packed))
                         del data
                 except FileNotFoundError:
                     raise InvalidValueError(

@@ -298,7 +298,7 @@ class S3ObjectStore(ObjectStore):
                 # the retry sees 412. Identical bytes mean the create is ours and succeeded.
                 with contextlib.suppress(StatefulError):
                     existing = self.get(key)
-                    if existing.data == data:
+                    if memoryview(existing.data) == memoryview(data):  # data may be any bytes-like
                         return existing.etag
             try:
                 raise error from exc
