@@ -6,6 +6,7 @@ Run on the local store and on SeaweedFS (a real S3 server the suite starts from 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from datetime import timedelta
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 from maintenance import read_tree, tree
+from test_cli import backend, cli, open_cs  # noqa: F401 - `backend` is a fixture used by the CLI tests
 
 from airflow_stateful.core import CheckpointStore, Identity, collect_garbage
 from airflow_stateful.core.data.packs import MAX_GAP, MAX_RANGE, PACK_BELOW, coalesce
@@ -175,6 +177,41 @@ def test_a_damaged_byte_in_a_pack_refuses_that_chunk_only(store: ObjectStore, tm
     assert {c.key for f in cs.tree(second).files for c in f.chunks} == {chunk.key}  # type: ignore[union-attr]
     reader.restore_files(second, tmp_path / "out2")
     assert read_tree(tmp_path / "out2") == read_tree(src)
+
+
+def test_du_and_gc_dry_run_report_the_dead_bytes_left_in_kept_packs(
+    backend: str,  # noqa: F811 - the fixture imported above
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """A pack half of whose files were rewritten stays (a kept checkpoint needs the other half): GC cannot free
+    its dead half before repacking, and says how much that is, as `du --packs` does."""
+    cs = open_cs(backend, IDENTITY)
+    src = small_files(tmp_path / "src", 100)
+    commit(cs, src, {"n": 1})
+    for path in sorted(src.rglob("*.bin"))[:40]:
+        path.write_bytes(os.urandom(4 * KIB))
+    commit(cs, src, {"n": 2})
+    packs = {i.key: i.size for i in cs.store.list_objects(f"{IDENTITY.key}/") if "/~packs/" in i.key}
+    assert len(packs) == 2 and sorted(packs.values()) == [40 * 4 * KIB, 100 * 4 * KIB]
+
+    code, out, _ = cli(capsys, backend, "gc", "--dry-run", "--keep-last", "1", "--min-age", "0s", "--json")
+    assert code == 0, out
+    [row] = [r for r in json.loads(out) if r["identity"] == IDENTITY.key]
+    # After the pass only the second checkpoint is kept: 60 of the first pack's 100 files live on in it.
+    assert (row["packs"], row["pack_bytes"], row["dead_pack_bytes"]) == (2, 140 * 4 * KIB, 40 * 4 * KIB), row
+    code, out, _ = cli(capsys, backend, "gc", "--dry-run", "--min-age", "0s", "--json")
+    [row] = [r for r in json.loads(out) if r["identity"] == IDENTITY.key]
+    assert row["dead_pack_bytes"] == 0, "both checkpoints kept: every byte of both packs is needed"
+
+    code, out, _ = cli(capsys, backend, "du", "--packs", "--json")
+    assert code == 0, out
+    rows = {r["identity"]: r for r in json.loads(out)}
+    assert rows[IDENTITY.key]["dead_pack_bytes"] == 0
+    code, out, _ = cli(capsys, backend, "du", "--json")
+    assert "dead_pack_bytes" not in json.loads(out)[0], "without --packs no tree is read"
+    code, out, _ = cli(capsys, backend, "du", "--packs")
+    assert "DEAD_PACK_BYTES" in out.splitlines()[0].split()
 
 
 def test_large_chunks_stay_objects_of_their_own(store: ObjectStore, tmp_path: Path) -> None:

@@ -316,6 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="judge the lifetime column as `gc --idle-for` would (default: no age limit)",
     )
+    p.add_argument(
+        "--packs",
+        action="store_true",
+        help="also read each identity's kept trees for its dead pack bytes: bytes in kept packs that no kept "
+        "checkpoint needs, which GC cannot free yet (one read per kept tree)",
+    )
     _add_lifetimes(p)
     p.set_defaults(func=lazy_command("airflow_stateful.cli.commands.fleet.cmd_du"))
     return parser

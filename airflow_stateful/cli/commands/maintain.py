@@ -172,9 +172,21 @@ def cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
                 "bytes": item.bytes,
                 "action": action,
                 "why": item.why or None,
+                # Bytes inside kept packs no kept checkpoint needs, after this pass: GC cannot free them
+                # until packs are repacked (docs/adr/0006-packs.md).
+                "packs": item.packs.packs,
+                "pack_bytes": item.packs.bytes,
+                "dead_pack_bytes": item.packs.dead_bytes,
                 "keys": item.keys,
             }
         )
-    columns = ["identity", "reasons", "objects", "bytes", "action", "why"]
-    emit(rows, columns, as_json=args.json, out=args.out, sizes=("bytes",), exact=args.exact_sizes)
+    columns = ["identity", "reasons", "objects", "bytes", "dead_pack_bytes", "action", "why"]
+    emit(
+        rows,
+        columns,
+        as_json=args.json,
+        out=args.out,
+        sizes=("bytes", "dead_pack_bytes"),
+        exact=args.exact_sizes,
+    )
     return EXIT_OK

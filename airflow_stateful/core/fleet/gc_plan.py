@@ -25,7 +25,9 @@ from airflow_stateful.core.protocol.retention import (
     CrashGarbage,
     IdleFor,
     KeepLast,
+    PackUsage,
     References,
+    pack_usage,
     references,
     unreferenced,
 )
@@ -77,6 +79,8 @@ class IdentityPlan:
     objects: dict[str, ObjectInfo] = field(default_factory=dict, repr=False)
     lifetime: Verdict | None = None
     """The lifetime verdict on the whole identity (why it is kept or deleted); ``None`` for an orphan."""
+    packs: PackUsage = field(default_factory=PackUsage)
+    """Its packs once this pass is done: the dead bytes in kept packs stay until repacking (ADR 0006)."""
 
     @property
     def keys(self) -> list[str]:
@@ -237,13 +241,16 @@ def plan_identity(
         item.reasons[item.lifetime.action] = [i.key for i in infos]
         return item
     refs = references_of(cs, head, notes)
+    item.packs = pack_usage(key, infos, refs)
     if not held and keep_last is not None and keep_last.due(head.checkpoints):
         keep, _drop = keep_last.split(list(head.checkpoints))
         kept_head = head.evolve(checkpoints=tuple(keep))
-        freed = unreferenced(key, infos, kept_head, refs=references_of(cs, kept_head, notes))
+        kept_refs = references_of(cs, kept_head, notes)
+        freed = unreferenced(key, infos, kept_head, refs=kept_refs)
         already = {i.key for i in unreferenced(key, infos, head, refs=refs)}
         item.keep = tuple(e.commit_id for e in keep)
         item.reasons[RETENTION] = [i.key for i in freed if i.key not in already]
+        item.packs = pack_usage(key, infos, kept_refs)
     stale, holders = garbage.split(key, infos, head, refs=refs)
     if holders and held:
         notes.append(f"{len(holders)} unreferenced object(s) written under it are kept")

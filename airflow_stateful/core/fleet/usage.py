@@ -10,13 +10,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from airflow_stateful.core.errors import StatefulError
 from airflow_stateful.core.fleet.catalog import HEAD_READERS, ordered_map, read_head
 from airflow_stateful.core.fleet.gc import Progress, group_by_identity
-from airflow_stateful.core.protocol.retention import unreferenced
+from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
+from airflow_stateful.core.protocol.retention import pack_usage, references, unreferenced
 from airflow_stateful.core.records.formats import HEAD_NAME
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
+from airflow_stateful.core.records.trees import PACK_DIR
 from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
 from airflow_stateful.core.timestamps import parse_iso
 
@@ -42,6 +45,8 @@ class Usage:
     error: str | None = None
     #: The head as read (``None``: an orphan, or unreadable), for what is judged from it (lifetimes, outcome).
     head: HeadRecord | None = field(default=None, repr=False, compare=False)
+    #: Bytes in kept packs that no kept checkpoint needs (``disk_usage(packs=True)``; else ``None``).
+    dead_pack_bytes: int | None = None
 
     def monthly_cost(self, price_per_gb_month: float) -> float:
         return self.bytes / GB * price_per_gb_month
@@ -56,11 +61,14 @@ def disk_usage(
     groups: dict[str, list[ObjectInfo]] | None = None,
     readers: int = HEAD_READERS,
     signer: HeadSigner | None = None,
+    packs: bool = False,
 ) -> Iterator[Usage]:
     """Usage of every identity under ``prefix``, in key order, each as soon as its head is read.
 
     Sizes need every object listed (only a listing has them), so there is one full listing (``groups``: one
     already grouped by :func:`group_by_identity` saves it); the heads are then read ``readers`` at a time.
+    ``packs``: also read the kept trees of each identity that has packs, for its dead pack bytes (one GET per
+    kept tree: off by default, a fleet's ``du`` reads heads only).
     """
     now = time.time() if now is None else now
     if groups is None:
@@ -74,6 +82,15 @@ def disk_usage(
         read = read_head(store, identity, signer=signer) if any(i.key == head_key for i in infos) else None
         head = read.head if read is not None else None
         error = read.error if read is not None else None
+        dead: int | None = None
+        if packs and head is not None and error is None:
+            dead = 0
+            if any(i.key.startswith(f"{key}/{PACK_DIR}/") for i in infos):
+                try:
+                    cs = CheckpointStore(store=store, identity=identity, signer=signer)
+                    dead = pack_usage(key, infos, references(head, trees=cs.content.tree_of)).dead_bytes
+                except StatefulError as exc:
+                    error = exc
         return Usage(
             identity=key,
             objects=len(infos),
@@ -83,6 +100,7 @@ def disk_usage(
             idle_seconds=max(now - parse_iso(head.updated_at), 0.0) if head and head.updated_at else None,
             error=f"{type(error).__name__}: {error}" if error else None,
             head=head,
+            dead_pack_bytes=dead if error is None else None,
         )
 
     for usage in ordered_map(usage_of, sorted(groups), workers=readers):

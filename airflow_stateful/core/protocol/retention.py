@@ -11,7 +11,7 @@ They only decide; :mod:`airflow_stateful.core.fleet.gc` reads the store, applies
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
@@ -88,6 +88,9 @@ class References:
 
     keys: frozenset[str] = frozenset()
     chunks_known: bool = True
+    pack_live_bytes: dict[str, int] = field(default_factory=dict, compare=False)
+    """Per pack a kept tree names, the bytes of its chunks some kept checkpoint still needs (each chunk once,
+    however many files or checkpoints name it); the rest of the pack is dead until it is repacked."""
 
 
 def references(head: HeadRecord | None, *, trees: Callable[[TreeRef], Tree] | None = None) -> References:
@@ -95,6 +98,7 @@ def references(head: HeadRecord | None, *, trees: Callable[[TreeRef], Tree] | No
     if head is None:
         return References()
     keys: set[str] = set()
+    live: dict[str, set[tuple[int, int]]] = {}
     for entry in head.checkpoints:
         if entry.manifest is not None:
             keys.add(entry.manifest)
@@ -102,10 +106,46 @@ def references(head: HeadRecord | None, *, trees: Callable[[TreeRef], Tree] | No
             if tree is not None:
                 keys.add(tree.key)
                 if trees is not None:
-                    keys.update(trees(tree).chunk_keys())
+                    read = trees(tree)
+                    keys.update(read.chunk_keys())
+                    for chunk in (c for f in read.files for c in f.chunks if c.offset is not None):
+                        live.setdefault(chunk.key, set()).add((chunk.offset or 0, chunk.size))
     return References(
         keys=frozenset(keys),
         chunks_known=trees is not None or not any(e.tree or e.outputs_tree for e in head.checkpoints),
+        pack_live_bytes={key: sum(size for _, size in spans) for key, spans in live.items()},
+    )
+
+
+@dataclass(frozen=True)
+class PackUsage:
+    """An identity's packs as a listing and its kept trees see them: what ``du`` and ``gc --dry-run`` report.
+
+    ``dead_bytes`` are bytes inside packs that are kept (a kept checkpoint needs one chunk in them) but that no
+    kept checkpoint needs: the store bills them until those packs are repacked (docs/adr/0006-packs.md).
+    """
+
+    packs: int = 0
+    bytes: int = 0
+    live_bytes: int = 0
+
+    @property
+    def dead_bytes(self) -> int:
+        return self.bytes - self.live_bytes
+
+
+def pack_usage(identity_key: str, infos: Iterable[ObjectInfo], refs: References) -> PackUsage:
+    """:class:`PackUsage` of the kept packs among ``infos`` (unreferenced ones are garbage, counted as such)."""
+    packs = [
+        i
+        for i in infos
+        if i.key[len(identity_key) + 1 :].partition("/")[0] == PACK_DIR and i.key in refs.pack_live_bytes
+    ]
+    return PackUsage(
+        packs=len(packs),
+        bytes=sum(i.size for i in packs),
+        # Never more than the object's size (a tree naming bytes past a pack's end is refused when read).
+        live_bytes=sum(min(refs.pack_live_bytes[i.key], i.size) for i in packs),
     )
 
 
