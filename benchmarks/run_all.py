@@ -354,7 +354,9 @@ def print_report(
             from bench_small_files import print_table as print_small_files
 
             print()
-            print("### issue 32 on SeaweedFS: trees of many small files (restic and boto3 on the same server)")
+            print(
+                "### issue 32 on SeaweedFS: trees of many small files (restic and boto3 on the same server)"
+            )
             print()
             print_small_files(small)
     for server in servers:
