@@ -4,9 +4,8 @@ Files are cut into chunks (:mod:`airflow_stateful.core.data.chunking`), each chu
 the identity already holds it (a chunk of the checkpoint the writer started from), stored by a pool of threads:
 a file smaller than :data:`~airflow_stateful.core.data.packs.PACK_BELOW` (one chunk) is appended to the pack
 being filled (format 5, :mod:`.packs`), which is uploaded once full; a larger file's chunks are put as objects of
-their own. The bytes in
-flight (read, packed but not yet uploaded, or being uploaded) are capped, so memory stays bounded whatever the
-size or the number of files.
+their own. The bytes in flight (read, packed but not yet uploaded, or being uploaded) are capped, so memory
+stays bounded whatever the size or the number of files.
 
 It runs on one store object shared by the threads (boto3 clients are thread-safe). Errors stop the pool and are
 raised on the calling thread; nothing made here is visible until the caller commits.

@@ -241,7 +241,7 @@ def plan_identity(
         item.reasons[item.lifetime.action] = [i.key for i in infos]
         return item
     refs = references_of(cs, head, notes)
-    item.packs = pack_usage(key, infos, refs)
+    kept_refs = refs  # what the head keeps once this pass is done (retention may drop checkpoints)
     if not held and keep_last is not None and keep_last.due(head.checkpoints):
         keep, _drop = keep_last.split(list(head.checkpoints))
         kept_head = head.evolve(checkpoints=tuple(keep))
@@ -250,7 +250,7 @@ def plan_identity(
         already = {i.key for i in unreferenced(key, infos, head, refs=refs)}
         item.keep = tuple(e.commit_id for e in keep)
         item.reasons[RETENTION] = [i.key for i in freed if i.key not in already]
-        item.packs = pack_usage(key, infos, kept_refs)
+    item.packs = pack_usage(key, infos, kept_refs)
     stale, holders = garbage.split(key, infos, head, refs=refs)
     if holders and held:
         notes.append(f"{len(holders)} unreferenced object(s) written under it are kept")
