@@ -134,15 +134,16 @@ def cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
     printed as soon as it is read, and a TOTAL row. A head that cannot be read leaves its row with an
     ``error`` (its bytes still count) and the exit code 1."""
     price = args.price_per_gb_month
+    packs = bool(getattr(args, "packs", False))  # a Namespace built by a caller of its own may lack it
     total: dict[str, int | None] = {"checkpoints": 0, "objects": 0, "bytes": 0, "garbage_bytes": 0}
-    if args.packs:
+    if packs:
         total["dead_pack_bytes"] = 0
     errors = 0
     lives = lifetimes(args)
 
     def rows() -> Iterator[dict[str, Any]]:
         nonlocal errors
-        for u in disk_usage(store, prefix=args.prefix or "", signer=args.signer, packs=args.packs):
+        for u in disk_usage(store, prefix=args.prefix or "", signer=args.signer, packs=packs):
             for field, sum_so_far in total.items():
                 value = getattr(u, field)
                 total[field] = None if sum_so_far is None or value is None else sum_so_far + value
@@ -153,7 +154,7 @@ def cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
                 "bytes": u.bytes,
                 "size": checkpoint_size(u.head.latest) if u.head is not None else None,
                 "garbage_bytes": u.garbage_bytes,
-                **({"dead_pack_bytes": u.dead_pack_bytes} if args.packs else {}),
+                **({"dead_pack_bytes": u.dead_pack_bytes} if packs else {}),
                 "idle": _age(u.idle_seconds),
                 "idle_seconds": u.idle_seconds,
                 "usd_per_month": round(u.monthly_cost(price), 6),
@@ -182,7 +183,7 @@ def cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
         "objects",
         "bytes",
         "garbage_bytes",
-        *(["dead_pack_bytes"] if args.packs else []),
+        *(["dead_pack_bytes"] if packs else []),
         "size",
         "idle",
         "usd_per_month",
