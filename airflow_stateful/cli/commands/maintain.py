@@ -164,6 +164,8 @@ def cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
             action = item.action(dry_run=args.dry_run, skipped=skipped.get(item.identity))
         else:
             action = "kept"
+        repack = item.repack if item.identity not in skipped else None
+        after = item.packs_after(repacked=repack is not None)
         rows.append(
             {
                 "identity": item.identity,
@@ -172,11 +174,13 @@ def cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
                 "bytes": item.bytes,
                 "action": action,
                 "why": item.why or None,
-                # Bytes inside kept packs no kept checkpoint needs, after this pass: GC cannot free them
-                # until packs are repacked (docs/adr/0006-packs.md).
-                "packs": item.packs.packs,
-                "pack_bytes": item.packs.bytes,
-                "dead_pack_bytes": item.packs.dead_bytes,
+                # Its packs after this pass (repacked, unless the pass skipped that): the dead bytes are those
+                # inside kept packs that no kept checkpoint needs (docs/adr/0006-packs.md).
+                "packs": after.packs,
+                "pack_bytes": after.bytes,
+                "dead_pack_bytes": after.dead_bytes,
+                "repacked_packs": len(repack.packs) if repack else 0,
+                "repack_copied_bytes": repack.live_bytes if repack else 0,
                 "keys": item.keys,
             }
         )

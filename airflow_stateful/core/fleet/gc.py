@@ -69,6 +69,7 @@ from airflow_stateful.core.fleet.gc_plan import (
     IDLE,
     ORPHAN,
     RELEASED,
+    REPACK,
     RETENTION,
     WHOLE,
     GcPlan,
@@ -79,6 +80,7 @@ from airflow_stateful.core.fleet.gc_plan import (
     plan_identity,
     references_of,
 )
+from airflow_stateful.core.fleet.repack import rewrite
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.protocol.lease import Lease, check_holder
 from airflow_stateful.core.protocol.marks import MarkStore, RolledBackError
@@ -104,6 +106,7 @@ __all__ = [
     "IDLE",
     "ORPHAN",
     "RELEASED",
+    "REPACK",
     "RETENTION",
     "GarbageReport",
     "GcPlan",
@@ -152,10 +155,13 @@ def apply_gc(plan: GcPlan, *, progress: Progress | None = None) -> GcResult:
             try:
                 if item.identity == EXPIRED_STATE:
                     deleted = _delete_expired(store, item.reasons[EXPIRED], plan.now)
+                    note = None
                 else:
-                    deleted = _apply_identity(
+                    deleted, note = _apply_identity(
                         store, item, grace=plan.grace, signer=plan.signer, marks=plan.marks
                     )
+                    if note:
+                        result.skipped[item.identity] = note
             except (_Changed, LeaseHeldError, FormatVersionError, RolledBackError) as exc:  # its head changed
                 result.skipped[item.identity] = str(exc)
                 log.info("gc: skipped %s: %s", item.identity, exc)
@@ -184,16 +190,17 @@ def _apply_identity(
     grace: float,
     signer: HeadSigner | None,
     marks: MarkStore | None,
-) -> list[str]:
+) -> tuple[list[str], str | None]:
+    """The keys deleted, and what was left undone and why (a repack that could not be done)."""
     identity = Identity.parse(item.identity)
     cs = CheckpointStore(store=store, identity=identity, signer=signer, marks=marks, clock=time.time)
     if ORPHAN in item.reasons:
         if cs.head() is not None:
             raise _Changed("it got a head since the plan; run GC again")
         store.delete_many(item.reasons[ORPHAN])  # new objects (a new writer's) are not in the plan
-        return list(item.reasons[ORPHAN])
+        return list(item.reasons[ORPHAN]), None
     if any(reason in item.reasons for reason in WHOLE):
-        return _delete_identity(cs, item, grace=grace)
+        return _delete_identity(cs, item, grace=grace), None
     deleted: list[str] = []
     if RETENTION in item.reasons:
         keep = set(item.keep)
@@ -211,7 +218,63 @@ def _apply_identity(
         deleted += item.reasons[RETENTION]
     if GARBAGE in item.reasons:
         deleted += _delete_garbage(cs, item, grace=grace)
-    return deleted
+    if REPACK in item.reasons:
+        try:
+            deleted += _repack(cs, item, grace=grace)
+        except (_Changed, CheckpointCorruptError) as exc:
+            # What is done is done (retention, garbage); the packs stay as they are, whole and named.
+            log.warning("gc %s: %s", cs.identity, exc)
+            return deleted, f"packs not repacked: {exc}"
+    return deleted, None
+
+
+def _repack(cs: CheckpointStore, item: IdentityPlan, *, grace: float) -> list[str]:
+    """Rewrite the planned packs, swap the head to name the copies, then delete what it no longer names.
+
+    Only while the head keeps exactly the checkpoints planned (after this pass's retention) and no lease
+    stands: a dead one is broken first (its holder's next commit is fenced), a held one skips the identity.
+    See :mod:`airflow_stateful.core.fleet.repack` for why a kill at any point loses nothing.
+    """
+    assert item.head is not None and item.repack is not None
+    keep = set(item.keep) if RETENTION in item.reasons else {e.commit_id for e in item.head.checkpoints}
+    planned = tuple(e for e in item.head.checkpoints if e.commit_id in keep)
+    head = cs.head()
+    if head is not None and head.lease is not None:
+        try:
+            head = cs.break_lease(grace=grace, token=head.lease.token)
+        except LeaseHeldError as exc:
+            raise _Changed(f"not repacked: {exc}") from exc
+    if head is None or head.checkpoints != planned:
+        raise _Changed("its checkpoints changed since the plan; not repacked, run GC again")
+    before = head
+    rewritten = rewrite(cs, before, set(item.repack.packs))
+
+    def decide(current: HeadRecord | None) -> HeadRecord:
+        if (
+            current is None
+            or current.lease is not None
+            or (current.epoch, current.next_seq, current.checkpoints)
+            != (before.epoch, before.next_seq, before.checkpoints)
+        ):
+            raise _Changed("a writer took the identity while it was being repacked; run GC again")
+        swapped = current.evolve(checkpoints=rewritten.checkpoints)
+        return swapped.evolve(format=swapped.written_format)
+
+    after = cs.heads.update(decide)
+    log.info(
+        "gc %s: repacked %d pack(s) into %d (%d bytes copied, %d dead bytes freed)",
+        cs.identity,
+        len(item.repack.packs),
+        rewritten.packs_written,
+        rewritten.bytes_copied,
+        item.repack.dead_bytes,
+    )
+    planned_keys = item.reasons[REPACK]
+    infos = [item.objects[k] for k in planned_keys if k in item.objects]
+    gone = {i.key for i in unreferenced(item.identity, infos, after, refs=references_of(cs, after, []))}
+    keys = [k for k in planned_keys if k in gone]
+    cs.store.delete_many(keys)
+    return keys
 
 
 def _delete_garbage(cs: CheckpointStore, item: IdentityPlan, *, grace: float) -> list[str]:

@@ -19,6 +19,7 @@ from airflow_stateful.core.errors import FormatVersionError, StatefulError
 from airflow_stateful.core.fleet import lifetimes
 from airflow_stateful.core.fleet.catalog import HEAD_READERS, ordered_map
 from airflow_stateful.core.fleet.lifetimes import Lifetimes, RunStates, Verdict, lifetime_of
+from airflow_stateful.core.fleet.repack import REPACK_DEAD_FRACTION, RepackPlan, plan_repack
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.protocol.marks import MarkStore, RolledBackError
 from airflow_stateful.core.protocol.retention import (
@@ -43,6 +44,9 @@ from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
 log = logging.getLogger("airflow_stateful")
 
 IDLE, RETENTION, GARBAGE, ORPHAN, EXPIRED = "idle", "retention", "crash-garbage", "orphan", "expired-state"
+REPACK = "repack"
+"""Mostly-dead packs rewritten (their live chunks copied into new packs), then deleted with the trees and
+manifest objects that named them (:mod:`airflow_stateful.core.fleet.repack`)."""
 RELEASED = lifetimes.RELEASED
 WHOLE = (IDLE, RELEASED)
 """Reasons that delete a whole identity, head first."""
@@ -67,7 +71,8 @@ class IdentityPlan:
 
     identity: str
     reasons: dict[str, list[str]] = field(default_factory=dict)
-    """Keys to delete, by reason (``idle``, ``retention``, ``crash-garbage``, ``orphan``, ``expired-state``)."""
+    """Keys to delete, by reason (``idle``, ``retention``, ``crash-garbage``, ``repack``, ``orphan``,
+    ``expired-state``)."""
     bytes: int = 0
     skipped: str | None = None
     """What is left alone and why (a held lease, a head this version cannot read)."""
@@ -80,11 +85,24 @@ class IdentityPlan:
     lifetime: Verdict | None = None
     """The lifetime verdict on the whole identity (why it is kept or deleted); ``None`` for an orphan."""
     packs: PackUsage = field(default_factory=PackUsage)
-    """Its packs once this pass is done: the dead bytes in kept packs stay until repacking (ADR 0006)."""
+    """Its packs once this pass is done (repacking aside): the dead bytes in packs it keeps (ADR 0006)."""
+    repack: RepackPlan | None = None
+    """For ``repack``: the packs rewritten, and the trees and manifests written again (their keys: the reason's)."""
 
     @property
     def keys(self) -> list[str]:
         return [k for keys in self.reasons.values() for k in keys]
+
+    def packs_after(self, *, repacked: bool) -> PackUsage:
+        """Its packs once the pass is done: ``packs`` as they are, or with the planned repack done."""
+        if not repacked or self.repack is None:
+            return self.packs
+        plan = self.repack
+        return PackUsage(
+            packs=self.packs.packs - len(plan.packs) + plan.new_packs,
+            bytes=self.packs.bytes - plan.pack_bytes + plan.live_bytes,
+            live_bytes=self.packs.live_bytes - plan.old_live_bytes + plan.live_bytes,
+        )
 
     def action(self, *, dry_run: bool, skipped: str | None = None) -> str:
         """What a pass did (or would do) to this identity, for people: ``deleted``, ``skipped: why``, ...
@@ -197,7 +215,9 @@ def plan_identity(
     airflow: RunStates | None = None,
     signer: HeadSigner | None = None,
     marks: MarkStore | None = None,
+    repack: float | None = None,
 ) -> IdentityPlan:
+    """What GC does to one identity (``repack``: repack packs at least this share dead; ``None``: never)."""
     item = IdentityPlan(identity=key, objects={i.key: i for i in infos})
     identity = Identity.parse(key)
     cs = CheckpointStore(store=store, identity=identity, signer=signer, marks=marks)
@@ -242,6 +262,7 @@ def plan_identity(
         return item
     refs = references_of(cs, head, notes)
     kept_refs = refs  # what the head keeps once this pass is done (retention may drop checkpoints)
+    kept_head = head
     if not held and keep_last is not None and keep_last.due(head.checkpoints):
         keep, _drop = keep_last.split(list(head.checkpoints))
         kept_head = head.evolve(checkpoints=tuple(keep))
@@ -262,6 +283,14 @@ def plan_identity(
     found = [i.key for i in (*stale, *holders) if i.key not in planned]
     if found:
         item.reasons[GARBAGE] = found
+    if not held and repack is not None and kept_refs.chunks_known and item.packs.dead_bytes:
+        # Never under a held lease: the holder dedups against the trees it read, which a repack replaces.
+        try:
+            item.repack = plan_repack(cs, kept_head, infos, kept_refs, dead_fraction=repack)
+        except StatefulError as exc:
+            notes.append(f"its packs are not repacked: {exc}")
+        if item.repack is not None:
+            item.reasons[REPACK] = item.repack.keys
     if notes:
         who = f"live lease held by {describe_lease(head)}" if held else "partly skipped"
         item.skipped = f"{who}: {'; '.join(notes)}"
@@ -294,6 +323,7 @@ def plan_gc(
     groups: dict[str, list[ObjectInfo]] | None = None,
     signer: HeadSigner | None = None,
     marks: MarkStore | None = None,
+    repack: float | None = REPACK_DEAD_FRACTION,
 ) -> GcPlan:
     """Read the store and decide what a GC pass deletes, changing nothing.
 
@@ -313,6 +343,7 @@ def plan_gc(
     :param groups: a listing already grouped by :func:`group_by_identity` (saves a listing).
     :param signer: the deployment's head signing policy (a forged head is then reported, never acted on).
     :param marks: the identities' high-water marks (a head written back is then kept whole and reported).
+    :param repack: repack the packs of which at least this share is dead (:mod:`.repack`; ``None``: never).
     """
     now = time.time() if now is None else now
     retention = KeepLast(keep_last) if keep_last is not None else None
@@ -337,6 +368,7 @@ def plan_gc(
             airflow=airflow,
             signer=signer,
             marks=marks,
+            repack=repack,
         )
 
     # The identities' heads (and what their planning reads with them) are read HEAD_READERS at a time; the

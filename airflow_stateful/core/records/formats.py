@@ -87,6 +87,20 @@ def check_format(record: dict[str, Any], *, what: str, identity: str) -> None:
         )
 
 
-def manifest_key(identity: str, seq: int, commit_id: str) -> str:
-    """Where checkpoint ``seq`` (commit ``commit_id``) of ``identity`` keeps its manifest."""
-    return f"{identity}/{MANIFEST_DIR}/{seq:012d}-{commit_id}.json"
+def manifest_key(identity: str, seq: int, commit_id: str, *, rewrite: str | None = None) -> str:
+    """Where checkpoint ``seq`` (commit ``commit_id``) of ``identity`` keeps its manifest.
+
+    ``rewrite``: the id of the GC repack that rewrote it (its tree now names the repacked chunks). A manifest
+    object is never overwritten in place: a reader holding the older head still finds the older manifest.
+    """
+    return f"{identity}/{MANIFEST_DIR}/{seq:012d}-{commit_id}" + (f"-{rewrite}" if rewrite else "") + ".json"
+
+
+def is_manifest_key(key: str, identity: str, seq: int, commit_id: str) -> bool:
+    """Whether ``key`` is where checkpoint ``seq`` of ``identity`` may keep its manifest (first written, or
+    rewritten by a repack)."""
+    return key == manifest_key(identity, seq, commit_id) or bool(
+        re.fullmatch(
+            re.escape(manifest_key(identity, seq, commit_id)[: -len(".json")]) + r"-[0-9a-f]{32}\.json", key
+        )
+    )

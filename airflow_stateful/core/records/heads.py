@@ -25,6 +25,7 @@ from airflow_stateful.core.records.formats import (
     PLAIN_FORMAT,
     check_format,
     format_1_refused,
+    is_manifest_key,
     manifest_key,
 )
 from airflow_stateful.core.records.integrity import SIGNATURE_FIELD, HeadSigner
@@ -221,7 +222,12 @@ class CheckpointEntry:
                 )
             key = sha = size = None
         else:
-            key = f.equal("manifest", manifest_key(identity, seq, commit_id))
+            key = f.text("manifest", max_len=2048)
+            if not is_manifest_key(key, identity, seq, commit_id):
+                raise CheckpointCorruptError(
+                    f"{what}: manifest {key[:200]!r} is not where checkpoint {seq} of {identity!r} keeps its "
+                    f"manifest ({manifest_key(identity, seq, commit_id)!r}, or that name rewritten by a repack)"
+                )
             sha = f.sha256("manifest_sha256")
             size = f.integer("manifest_size", maximum=MAX_MANIFEST_BYTES)
         return cls(
