@@ -414,17 +414,23 @@ class CheckpointStoreContract:
     # -- the writer's file index: re-saves read only what changed ---------------------------------------
     @staticmethod
     def _reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-        """The files a commit reads (a spy on the real chunker: every read still happens)."""
+        """The files a commit reads (spies on the real readers, the chunker and the small files' whole read:
+        every read still happens)."""
         from airflow_stateful.core.data import transfer
 
         read: list[str] = []
-        real = transfer.iter_chunks
+        real, real_whole = transfer.iter_chunks, transfer._read_whole
 
         def spy(path: Path, size: int) -> Any:
             read.append(Path(path).name)
             return real(path, size)
 
+        def spy_whole(local: Any) -> Any:
+            read.append(Path(local.path).name)
+            return real_whole(local)
+
         monkeypatch.setattr(transfer, "iter_chunks", spy)
+        monkeypatch.setattr(transfer, "_read_whole", spy_whole)
         return read
 
     def test_a_resave_reads_only_the_files_whose_status_changed(

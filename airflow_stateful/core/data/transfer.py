@@ -38,6 +38,11 @@ MAX_SAVE_IN_FLIGHT = 2 * PACK_TARGET + MAX_CHUNK
 sealed one uploading and the chunks being hashed, so pack uploads overlap the filling of the next pack. Loose
 chunks are held within :data:`MAX_IN_FLIGHT` of it, so a tree of large files buffers no more than before packs.
 Together, not two budgets side by side: the save's memory bound (tests/test_memory.py) is this one figure."""
+INLINE_BELOW = 64 * 1024
+"""Files smaller than this (packed) are read, hashed and added to the pack on the calling thread: hashing a few
+KiB takes microseconds, less than handing it to the pool and collecting the future (GIL included), so a tree of
+many small files no longer pays a pool task per file. Larger packed files are hashed on the pool as before,
+overlapping the reading of the next."""
 
 
 @dataclass
@@ -179,11 +184,14 @@ def upload_files(
     layouts: list[tuple[LocalFile, list[Future[str]] | None, list[tuple[str, int]]]] = []
     staged: list[tuple[str, FileStatus, FileStatus, int, int]] = []  # name, before, after, started, layout
     futures: list[Future[str]] = []
+    # Without a file this writer saved before, there is nothing to look up: no file is stat()ed for it.
+    indexed = index is not None and len(index) > 0
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stateful-up") as pool:
         try:
             for local in files:
                 name = os.path.abspath(local.path)
-                status = _status(name) if index is not None else None
+                inline = packs is not None and local.size < INLINE_BELOW
+                status = _status(name) if indexed or (index is not None and not inline) else None
                 if index is not None and status is not None:
                     remembered = index.lookup(name, status)
                     if remembered is not None and all(sha in placed for sha, _ in remembered):
@@ -195,6 +203,19 @@ def upload_files(
                             progress(local.size)
                         continue
                 started = time.time_ns()
+                if inline:
+                    if failures:
+                        raise failures[0]
+                    data, before, after = _read_whole(local)
+                    pieces: list[tuple[str, int]] = []
+                    if data:
+                        take(len(data), True)
+                        pieces.append((process(data, True), len(data)))
+                        del data
+                    if index is not None:
+                        staged.append((name, status or before, after, started, len(layouts)))
+                    layouts.append((local, None, pieces))
+                    continue
                 # A file smaller than PACK_BELOW is one chunk, and it goes into a pack; a larger file's chunks
                 # (a few MiB each) stay objects of their own, as before packs.
                 packed = packs is not None and local.size < PACK_BELOW
@@ -267,6 +288,39 @@ def upload_files(
         chunks_reused=reused[0],
         bytes_reused=reused[1],
     )
+
+
+def _read_whole(local: LocalFile) -> tuple[bytes, FileStatus, FileStatus]:
+    """A small file's bytes, read on the calling thread, and its status before and after (of the file read).
+
+    One open and a read or two instead of a buffered reader, a chunker and a pool task: for a tree of many
+    small files this per-file machinery cost more than the bytes (docs/performance.md)."""
+    try:
+        fd = os.open(local.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InvalidValueError(
+            f"file {local.rel!r} disappeared while the checkpoint was being saved; nothing was committed (the "
+            "previous checkpoint is intact). Do not change the directory while it is saved."
+        ) from None
+    try:
+        before = FileStatus.of(os.fstat(fd))
+        parts: list[bytes] = []
+        got = 0
+        while got <= local.size:  # one byte past the listed size tells a file that grew
+            part = os.read(fd, local.size + 1 - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        after = FileStatus.of(os.fstat(fd))
+    finally:
+        os.close(fd)
+    if got != local.size:
+        raise InvalidValueError(
+            f"file {local.rel!r} changed size while the checkpoint was being saved; nothing was committed. Do "
+            "not change the directory while it is saved."
+        )
+    return (parts[0] if len(parts) == 1 else b"".join(parts)), before, after
 
 
 def _status(path: str) -> FileStatus | None:
