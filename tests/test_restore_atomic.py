@@ -5,8 +5,8 @@ destination, one rename each. These tests kill a real child process (``os._exit`
 ``finally`` runs) at every one of those renames in turn, then check that the next restore's recovery puts
 the destination back exactly as it was, byte for byte; and that a move failing in-process is undone at once.
 In mode ``"exact"`` the file the checkpoint does not have is moved out by one of those renames: a kill puts it
-back too. The only thing replaced is ``Path.replace`` in the child, to choose the moment of death
-deterministically.
+back too. The only thing replaced is ``os.replace`` (which ``Path.replace`` calls too) in the child, to choose
+the moment of death deterministically.
 """
 
 from __future__ import annotations
@@ -46,16 +46,16 @@ def listing(root: Path) -> dict[str, bytes | None]:
 
 def _die_at(n: int, dest: str, store_root: str, mode: str) -> None:
     calls = 0
-    real = Path.replace
+    real = os.replace
 
-    def replace(self: Path, target: Any) -> Path:
+    def replace(source: Any, target: Any) -> None:
         nonlocal calls
         calls += 1
         if calls == n:
             os._exit(137)  # killed between two renames: nothing of this process runs any more
-        return real(self, target)
+        real(source, target)
 
-    Path.replace = replace  # type: ignore[method-assign]
+    os.replace = replace
     with LocalObjectStore(root=Path(store_root)) as store:
         cs = CheckpointStore(store=store, identity=IDENTITY)
         latest = cs.latest()
@@ -105,19 +105,19 @@ def test_a_move_that_fails_is_undone_before_the_error_reaches_the_task(
 ) -> None:
     latest = checkpoint.latest()
     assert latest is not None
-    real = Path.replace
+    real = os.replace
     calls = 0
 
-    def replace(self: Path, target: Any) -> Path:
+    def replace(source: Any, target: Any) -> None:
         nonlocal calls
         calls += 1
         if calls == 4:
             raise OSError(28, "No space left on device")
-        return real(self, target)
+        real(source, target)
 
     dest = tree(tmp_path / "dest", BEFORE)
     before = listing(dest)
-    monkeypatch.setattr(Path, "replace", replace)
+    monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(OSError, match="No space left"):
         checkpoint.restore_files(latest, dest)
     monkeypatch.undo()

@@ -255,20 +255,27 @@ def _swap_in(
     :func:`recover_interrupted`) undoes them. Either way ``dest`` ends as it was or complete, never a mix. What
     was moved aside is deleted only with the staging directory, after the journal is gone.
     """
+    # Strings and os.path, not Path objects: for a tree of 10,000 small files the Path arithmetic here cost more
+    # than the moves themselves (docs/performance.md, issue 32). ``rels`` are checked relative paths.
+    base = str(dest)
+    names = [str(rel) for rel in rels]
+    targets = [os.path.join(base, name) for name in names]
     created: list[str] = []
-    seen: set[Path] = set()
-    for rel in rels:
-        for parent in reversed((dest / rel).parents):
-            if parent in seen or parent == dest or dest not in parent.parents:
+    seen: set[str] = set()
+    for name in names:
+        parts = name.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            parent = "/".join(parts[:depth])
+            if parent in seen:
                 continue
             seen.add(parent)
-            if not parent.exists():
-                created.append(str(parent.relative_to(dest)))
-    existed = [(dest / rel).exists() or (dest / rel).is_symlink() for rel in rels]
+            if not os.path.exists(os.path.join(base, parent)):
+                created.append(parent)
+    existed = [os.path.lexists(target) for target in targets]
     aside, removed = not_in_checkpoint(dest, rels) if exact else ([], [])
     journal = {
         "pid": os.getpid(),
-        "files": [str(rel) for rel in rels],
+        "files": names,
         "existed": existed,
         "created": created,
         "removed": [str(rel) for rel in aside],
@@ -289,17 +296,17 @@ def _swap_in(
                 extra.replace(staging / "gone" / str(n))
         for name in created:
             (dest / name).mkdir(mode=0o700, exist_ok=True)  # owner-only: a tree records no directory modes
-        for rel in rels:
-            target = dest / rel
+        incoming, old = str(staging / "new"), str(staging / "old")
+        for name, target in zip(names, targets, strict=True):
             # Stat again (the journal's `existed` is a moment old): a file that appeared since is moved aside too,
             # so a rollback puts it back instead of losing it.
-            if target.exists() or target.is_symlink():
-                aside_file = staging / "old" / rel
-                aside_file.parent.mkdir(parents=True, exist_ok=True)
-                target.replace(aside_file)
+            if os.path.lexists(target):
+                aside_file = os.path.join(old, name)
+                os.makedirs(os.path.dirname(aside_file), exist_ok=True)
+                os.replace(target, aside_file)
                 replaced += 1
-            (staging / "new" / rel).replace(target)
-            restored.append(target)
+            os.replace(os.path.join(incoming, name), target)
+            restored.append(Path(target))
     except BaseException:
         _roll_back(dest, staging, journal)
         raise

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from airflow_stateful.core.data.files import dir_prefixes
 from airflow_stateful.core.data.snapshot import STAGING_DIRNAME
 from airflow_stateful.core.data.transfer_progress import human_bytes
 from airflow_stateful.core.errors import DestinationNotEmptyError, InvalidValueError
@@ -96,7 +97,7 @@ def not_in_checkpoint(dest: Path, rels: Collection[PurePosixPath]) -> tuple[list
     looked into; links are never followed; the library's working directories at the top are left alone.
     """
     files = {str(rel) for rel in rels}
-    dirs = {str(parent) for rel in rels for parent in rel.parents if str(parent) != "."}
+    dirs = {parent for name in files for parent in dir_prefixes(name)}
     aside: list[PurePosixPath] = []
     listed: list[str] = []
     pending: list[tuple[Path, PurePosixPath | None]] = [(dest, None)]

@@ -206,14 +206,14 @@ def upload_files(
                 if inline:
                     if failures:
                         raise failures[0]
-                    data, before, after = _read_whole(local)
+                    data, before, settled = _read_whole(local)
                     pieces: list[tuple[str, int]] = []
                     if data:
                         take(len(data), True)
                         pieces.append((process(data, True), len(data)))
                         del data
                     if index is not None:
-                        staged.append((name, status or before, after, started, len(layouts)))
+                        staged.append((name, status or before, settled, started, len(layouts)))
                     layouts.append((local, None, pieces))
                     continue
                 # A file smaller than PACK_BELOW is one chunk, and it goes into a pack; a larger file's chunks

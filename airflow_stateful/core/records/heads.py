@@ -224,10 +224,8 @@ class CheckpointEntry:
         else:
             key = f.text("manifest", max_len=2048)
             if not is_manifest_key(key, identity, seq, commit_id):
-                raise CheckpointCorruptError(
-                    f"{what}: manifest {key[:200]!r} is not where checkpoint {seq} of {identity!r} keeps its "
-                    f"manifest ({manifest_key(identity, seq, commit_id)!r}, or that name rewritten by a repack)"
-                )
+                expected = manifest_key(identity, seq, commit_id)
+                raise f.bad("manifest", f"{expected!r} (or that name rewritten by a repack)")
             sha = f.sha256("manifest_sha256")
             size = f.integer("manifest_size", maximum=MAX_MANIFEST_BYTES)
         return cls(
