@@ -25,6 +25,11 @@ first-party providers' generated ``get_provider_info.py``):
   belongs to the amazon provider, and "airflow-provider-stateful" sorts before
   "apache-airflow-providers-amazon": claiming ``aws`` here would silently take it over (the UI's AWS
   connection form and ``Connection.get_hook()`` would give a ``StateHook``). So we list none.
+* ``config``: every default is written, uncommented, into the ``airflow.cfg`` Airflow creates on its first
+  command, and a string default is first formatted with Airflow's own variables. ``backend_url``'s
+  ``file://{AIRFLOW_HOME}/stateful`` is marked ``is_template`` (as core options like ``log_filename_template``
+  are) so it is kept as written: the store resolves ``{AIRFLOW_HOME}`` when it opens, which is what the empty
+  default it replaced did, rather than freezing one machine's path into the file.
 * No dependency keys: the 3.3 schema has none (first-party providers keep them in pyproject.toml only), and
   our pyproject.toml is their single source, extras included.
 """
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_stateful.config import DEFAULT_BACKEND_URL
 from airflow_stateful.core.settings import CONN_ID, KEEP_LAST, LEASE_GRACE, LEASE_TTL, RESTORE_CACHE_MAX_BYTES
 from airflow_stateful.version import __version__
 
@@ -92,13 +98,18 @@ def get_provider_info() -> dict[str, Any]:
                     "backend_url": {
                         "description": (
                             "Where checkpoints live: s3://bucket/prefix for S3 or any S3-compatible store, or "
-                            "file:///absolute/path for a local directory. Empty means "
-                            "file://{AIRFLOW_HOME}/stateful, which suits a single machine only."
+                            "file:///absolute/path for a local directory. The default, "
+                            f"{DEFAULT_BACKEND_URL}, is a directory under the AIRFLOW_HOME of the process that "
+                            "opens the store (read when it runs); it suits a single machine only. Empty means "
+                            "the same."
                         ),
                         "version_added": _ADDED,
                         "type": "string",
                         "example": "s3://my-bucket/airflow-state",
-                        "default": "",
+                        "default": DEFAULT_BACKEND_URL,
+                        # Shown and kept as written: the store resolves {AIRFLOW_HOME} itself, as it did when
+                        # the default was empty (airflow_stateful.config.default_backend_url).
+                        "is_template": True,
                     },
                     "conn_id": {
                         "description": (

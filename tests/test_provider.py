@@ -31,10 +31,12 @@ PLUGIN_CLASS = "airflow_stateful.plugins.stateful_view.StatefulPlugin"
 NEEDS_EXTRA = {"airflow_stateful.operators.kubernetes": "airflow.providers.cncf.kubernetes"}
 
 
-def airflow(*args: str) -> str:
-    """``airflow *args`` in a subprocess, in the session AIRFLOW_HOME that tests/conftest.py set."""
+def airflow(*args: str, home: Path | None = None) -> str:
+    """``airflow *args`` in a subprocess, in the session AIRFLOW_HOME that tests/conftest.py set (or ``home``)."""
     env = dict(os.environ)
     env.pop("AIRFLOW__STATEFUL__BACKEND_URL", None)  # see the real defaults
+    if home is not None:
+        env["AIRFLOW_HOME"] = str(home)
     result = subprocess.run(
         [sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True, timeout=300
     )
@@ -148,7 +150,7 @@ def test_airflow_providers_get_shows_everything_we_list() -> None:
     [shown] = json.loads(airflow("providers", "get", PACKAGE, "--full", "--output", "json"))
     info = get_provider_info()
     for key in ("hooks", "operators", "sensors", "triggers", "task-decorators", "plugins", "config"):
-        assert shown[key] == info[key], key
+        assert shown[key] == as_airflow_prints(info[key]), key
     assert shown["connection-types"] == []
     modules = {
         m
@@ -166,6 +168,16 @@ def test_airflow_providers_get_shows_everything_we_list() -> None:
         "airflow_stateful.triggers.checkpoint",
     } <= modules
     assert shown["plugins"] == [{"name": "stateful", "plugin-class": PLUGIN_CLASS}]
+
+
+def as_airflow_prints(value: Any) -> Any:
+    """``value`` as Airflow's console prints it with ``--output json``: every scalar but ``None`` as its ``str``
+    (``backend_url``'s ``is_template: True`` is shown as ``"True"``)."""
+    if isinstance(value, dict):
+        return {k: as_airflow_prints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_airflow_prints(v) for v in value]
+    return None if value is None else str(value)
 
 
 def test_airflow_providers_triggers_lists_ours() -> None:
@@ -219,6 +231,35 @@ def test_airflow_config_lists_the_stateful_section_with_defaults() -> None:
         assert line in out, f"{line!r} missing from:\n{out}"
     assert "s3://bucket/prefix" in out, "the options are documented in the listing"
     assert airflow("config", "get-value", "stateful", "keep_last").strip() == "3"
+
+
+def test_a_new_airflow_home_lists_the_default_backend_as_the_readme_states_it(tmp_path: Path) -> None:
+    """``airflow config list`` in a fresh AIRFLOW_HOME shows ``backend_url``'s default as the README's table does
+    (it once showed an empty value), the ``airflow.cfg`` Airflow writes there keeps it as written, and both readers
+    of ``[stateful]`` resolve it to the directory under that home, as the empty default did."""
+    home = tmp_path / "home with space"
+    home.mkdir()
+    show = ["--show-values"] if AIRFLOW_VERSION >= (3, 2) else []
+    out = airflow("config", "list", "--section", "stateful", *show, home=home)
+    assert "backend_url = file://{AIRFLOW_HOME}/stateful\n" in out, out
+    assert airflow("config", "get-value", "stateful", "backend_url", home=home).strip() == (
+        "file://{AIRFLOW_HOME}/stateful"
+    )
+    assert "\nbackend_url = file://{AIRFLOW_HOME}/stateful\n" in (home / "airflow.cfg").read_text()
+
+    code = (
+        "from airflow_stateful.cli.environment import airflow_cfg, light_settings\n"
+        "light = light_settings(airflow_cfg())\n"
+        "from airflow_stateful.config import load_settings\n"
+        "print(light.backend_url if light else None); print(load_settings().backend_url)\n"
+    )
+    env = dict(os.environ, AIRFLOW_HOME=str(home))
+    env.pop("AIRFLOW__STATEFUL__BACKEND_URL", None)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [(home / "stateful").as_uri()] * 2
 
 
 def test_settings_use_the_documented_default_backend(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from airflow_stateful.config import default_backend_url
+from airflow_stateful.config import DEFAULT_BACKEND_URL, backend_url_option, default_backend_url
 from airflow_stateful.core.settings import SECTION, StatefulSettings
 from airflow_stateful.s3_connection import connection_from_env, s3_options
 
@@ -53,8 +53,9 @@ def _option(cfg: configparser.ConfigParser, section: str, option: str) -> tuple[
     if any(cfg.has_option(section, option + suffix) for suffix in _INDIRECT):
         return False, None
     value = cfg.get(section, option, fallback=None)
-    if value is not None and ("%" in value or "{" in value):
-        return False, None  # Airflow may expand it (interpolation, templated defaults)
+    if value is not None and ("%" in value or "{" in value) and value.strip() != DEFAULT_BACKEND_URL:
+        # Airflow may expand it (interpolation, templated defaults); backend_url's default it keeps as written.
+        return False, None
     return True, value
 
 
@@ -71,7 +72,7 @@ def light_settings(cfg: configparser.ConfigParser | None) -> StatefulSettings | 
         if option not in values:
             known, values[option] = _option(cfg, SECTION, option)
             unknown = unknown or not known
-        return values[option]
+        return backend_url_option(values[option]) if option == "backend_url" else values[option]
 
     settings = StatefulSettings.from_options(get, default_backend_url=default_backend_url())
     return None if unknown else settings
