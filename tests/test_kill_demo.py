@@ -3,7 +3,7 @@
 ``python -m airflow_stateful.testing.kill_demo`` (the module, not make, so that it runs on this test's Python)
 starts api-server, scheduler (LocalExecutor) and dag-processor on 127.0.0.1 in an AIRFLOW_HOME under the test's
 temporary directory, runs ``killable_batch`` with ``kill_at_item=37`` and stops everything. The test checks its
-output, the ledger file it leaves in the home, and that no process of it is left. About 30 s here.
+output, the ledger file it leaves in the home, and that no process of it is left. About a minute here.
 """
 
 from __future__ import annotations
