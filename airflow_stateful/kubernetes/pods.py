@@ -165,6 +165,11 @@ class PodState:
         }
 
 
+PodStatePlan = PodState
+"""The earlier name of :class:`PodState` (in development builds), kept for old imports (from here and from
+:mod:`airflow_stateful.operators.kubernetes`)."""
+
+
 def pod_state(
     session: WriterSession,
     *,

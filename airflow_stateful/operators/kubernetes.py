@@ -41,7 +41,7 @@ from airflow_stateful.kubernetes.lease_secrets import (
     reattach_lease_secret,
 )
 from airflow_stateful.kubernetes.placement import node_to_prefer, prefer_node_in
-from airflow_stateful.kubernetes.pods import PodState, pod_state
+from airflow_stateful.kubernetes.pods import PodState, PodStatePlan, pod_state
 from airflow_stateful.kubernetes.reattach import adopt_lease, choose_pods, delete_stale_pods, find_pods
 from airflow_stateful.kubernetes.restore_cache import (
     RESTORE_CACHE_MOUNT,
@@ -330,10 +330,6 @@ class StatefulKubernetesPodOperator(StatefulMixin, KubernetesPodOperator):
         )
         super().on_kill()
 
-
-PodStatePlan = PodState
-"""The earlier name of :class:`~airflow_stateful.kubernetes.pods.PodState` (in development builds), kept for
-old imports."""
 
 __all__ = [
     "EPOCH_LABEL",
