@@ -21,6 +21,7 @@ _LAZY = {
     "StateHook": "airflow_stateful.hooks.state",
     "StatefulGCOperator": "airflow_stateful.operators.gc",
     "StatefulStuckCheckOperator": "airflow_stateful.operators.stuck",
+    "stateful_maintenance_dag": "airflow_stateful.maintenance",
     "S3StateStoreBackend": "airflow_stateful.state_store",
     "StatefulError": "airflow_stateful.core.errors",
     "FencedError": "airflow_stateful.core.errors",

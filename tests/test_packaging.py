@@ -2,8 +2,9 @@
 
 Until the package is on the package index, the built wheel is how users install it (README, "Install"), so its
 contents are checked here rather than trusted to ``pyproject.toml``: the license and its notice travel with both
-artifacts (Apache-2.0 asks for them); no test ships (the suite is for a checkout, and ``tests/`` on a user's path
-would shadow their own); the wheel carries the three entry points Airflow and the shell find the package by
+artifacts (Apache-2.0 asks for them); the wheel, installed into a virtualenv of its own, creates the maintenance
+DAG from the file the README tells users to put in their DAG folder; no test ships (the suite is for a
+checkout, and ``tests/`` on a user's path would shadow their own); the wheel carries the three entry points Airflow and the shell find the package by
 (``airflow-stateful``, ``apache_airflow_provider``, ``airflow.plugins``) and every file of the package (the UI's
 templates, ``py.typed``); and ``twine check --strict`` accepts both, as the index would.
 
@@ -12,7 +13,7 @@ build backend (hatchling) comes from this interpreter's environment and nothing 
 the wheel from the sdist it just made, so a file missing from the sdist fails the wheel too. The three tools are
 in the ``dev`` extra, which ``make test`` installs: without them this module fails, naming the extra, rather
 than skipping (a skip would let a broken ``make dist`` pass CI unseen). Nothing outside the project is needed,
-so there is no reason to skip. About two seconds.
+so there is no reason to skip. About five seconds.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ import ast
 import configparser
 import email.parser
 import importlib.util
+import json
+import os
+import re
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import zipfile
 from dataclasses import dataclass
@@ -224,3 +229,94 @@ def test_twine_check_accepts_both(built: Artifacts) -> None:
     proc = _run("-m", "twine", "check", "--strict", str(built.wheel), str(built.sdist))
     assert proc.returncode == 0, f"twine check failed:\n{proc.stdout}\n{proc.stderr}"
     assert proc.stdout.count("PASSED") == 2, proc.stdout
+
+
+MAINTENANCE_DAG_FILE = REPO / "dags" / "stateful_maintenance.py"
+"""The maintenance DAG's file: the one call a user puts in their DAG folder, quoted by the README and deploy.md."""
+
+_LOAD_DAG_FOLDER = """
+import json, sys
+try:
+    from airflow.dag_processing.dagbag import DagBag
+except ImportError:  # Airflow 3.1
+    from airflow.models.dagbag import DagBag
+import airflow_stateful
+bag = DagBag(dag_folder=sys.argv[1])
+dag = bag.dags.get("stateful_maintenance")
+print(json.dumps({
+    "package": airflow_stateful.__file__,
+    "errors": {path: str(error) for path, error in bag.import_errors.items()},
+    "dag_ids": sorted(bag.dag_ids),
+    "tasks": None if dag is None else sorted(dag.task_ids),
+    "schedule": None if dag is None else str(dag.schedule),
+    "fileloc": None if dag is None else dag.fileloc,
+}))
+"""
+
+
+def _python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```$", markdown, re.M | re.S)
+
+
+def test_the_installed_wheel_creates_the_maintenance_dag_from_the_documented_file(
+    built: Artifacts, tmp_path: Path
+) -> None:
+    """The README's and deploy.md's maintenance DAG file, in a DAG folder, parsed by Airflow with the package
+    installed from the wheel: the DAG and its two tasks come from the installed package, not from this checkout.
+
+    The wheel goes into a virtualenv of its own, which sees this environment's site-packages (Airflow and the
+    other dependencies, so nothing is fetched) through a ``.pth`` line; a ``.pth`` line adds a directory without
+    running the ``.pth`` files in it, so the editable install of this checkout is not on that environment's path.
+    """
+    file_text = MAINTENANCE_DAG_FILE.read_text()
+    for doc in (REPO / "README.md", REPO / "docs" / "deploy.md"):
+        assert file_text in _python_blocks(doc.read_text()), (
+            f"{doc.name} does not show {MAINTENANCE_DAG_FILE.name}"
+        )
+
+    venv = tmp_path / "venv"
+    proc = _run("-m", "venv", "--without-pip", str(venv))
+    assert proc.returncode == 0, proc.stderr
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(purelib) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    proc = _run(
+        "-m",
+        "pip",
+        "--python",
+        str(python),
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-index",
+        str(built.wheel),
+    )
+    assert proc.returncode == 0, f"pip install of the wheel failed:\n{proc.stdout}\n{proc.stderr}"
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "stateful_maintenance.py").write_text(file_text)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("AIRFLOW")}
+    env.update(AIRFLOW_HOME=str(tmp_path / "home"), AIRFLOW__CORE__LOAD_EXAMPLES="False")
+    proc = subprocess.run(
+        [str(python), "-c", _LOAD_DAG_FOLDER, str(dags)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(loaded["package"]).is_relative_to(venv), f"imported from {loaded['package']}, not the wheel"
+    assert loaded["errors"] == {}
+    assert loaded["dag_ids"] == ["stateful_maintenance"]
+    assert loaded["tasks"] == ["gc", "stuck_check"]
+    assert loaded["schedule"] == "@daily"
+    assert loaded["fileloc"] == str(dags / "stateful_maintenance.py")

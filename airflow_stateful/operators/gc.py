@@ -1,8 +1,8 @@
 """StatefulGCOperator: the store-wide retention and garbage collection of ``airflow-stateful gc``, as a task.
 
-A maintenance DAG (``dags/stateful_maintenance.py``) runs it daily, so crash garbage, orphans of crashed
-purges, idle identities and expired task state documents do not pile up in the bucket unnoticed. The
-policy engine is :mod:`airflow_stateful.core.fleet.gc`; this operator only opens the store through
+The maintenance DAG (:func:`airflow_stateful.maintenance.stateful_maintenance_dag`) runs it daily, so crash
+garbage, orphans of crashed purges, idle identities and expired task state documents do not pile up in the
+bucket unnoticed. The policy engine is :mod:`airflow_stateful.core.fleet.gc`; this operator only opens the store through
 :class:`~airflow_stateful.hooks.state.StateHook` and logs progress (a task log is not a terminal, so
 progress is a few log lines).
 

@@ -4,7 +4,7 @@ A writer is *stuck* when its lease is live (its heartbeat renews it) but it has 
 than its declared ``expected_checkpoint_interval``: Airflow sees a running task and never retries it, so it
 holds its slot until a person looks. A *dead* writer (lease expired) is Airflow's business (it retries the
 task) and is never reported as stuck. The listing is :func:`airflow_stateful.core.fleet.stuck.find_stuck`, the same
-code the CLI runs; the maintenance DAG (``dags/stateful_maintenance.py``) runs this operator next to the GC.
+code the CLI runs; the maintenance DAG (:mod:`airflow_stateful.maintenance`) runs this operator next to the GC.
 """
 
 from __future__ import annotations
