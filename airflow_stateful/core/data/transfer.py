@@ -189,7 +189,9 @@ def upload_files(
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stateful-up") as pool:
         try:
             for local in files:
-                name = os.path.abspath(local.path)
+                name = os.fspath(local.path)
+                if not os.path.isabs(name):  # a single file given by a relative path; a tree's are absolute
+                    name = os.path.abspath(name)
                 inline = packs is not None and local.size < INLINE_BELOW
                 status = _status(name) if indexed or (index is not None and not inline) else None
                 if index is not None and status is not None:
@@ -307,11 +309,12 @@ def _read_whole(local: LocalFile) -> tuple[bytes, FileStatus, FileStatus]:
         parts: list[bytes] = []
         got = 0
         while got <= local.size:  # one byte past the listed size tells a file that grew
-            part = os.read(fd, local.size + 1 - got)
-            if not part:
-                break
+            asked = local.size + 1 - got
+            part = os.read(fd, asked)
             parts.append(part)
             got += len(part)
+            if len(part) < asked:  # a short read of a regular file is its end: no second call to find it
+                break
         after = FileStatus.of(os.fstat(fd))
     finally:
         os.close(fd)
