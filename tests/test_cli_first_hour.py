@@ -381,3 +381,46 @@ def test_connections_from_the_environment_read_as_airflow_reads_them(text: str) 
         theirs.host,
         theirs.extra_dejson,
     )
+
+
+def test_verify_says_it_verifies_and_show_names_an_unversioned_dag_folder(tmp_path: Path) -> None:
+    """A read-only ``verify`` of a checkpoint large enough for progress lines says "verifying", never "restoring";
+    ``show`` of a checkpoint a try wrote from a DAG folder without bundle versions says so, without a ``?``."""
+    from airflow_stateful.core import WriterInfo
+    from airflow_stateful.core.records.code_identity import CodeIdentity
+
+    backend = (tmp_path / "state").as_uri()
+    files = tmp_path / "files"
+    files.mkdir()
+    with open(files / "model.bin", "wb") as f:
+        f.truncate(65 * 1024 * 1024)  # above the 64 MiB from which transfers report progress
+    cs = CheckpointStore(store=store_from_url(backend), identity=VALUE_ONLY)
+    lease = cs.acquire()
+    code = CodeIdentity(fingerprint="1a2b3c4d5e6f7a8b", bundle_name="dags-folder", dag_version_id="7")
+    cs.commit(lease, {"n": 1}, files=files, writer=WriterInfo(host="h", pid=1), code=code)
+    cs.release(lease)
+
+    verified = run_script("verify", VALUE_ONLY.key, "--backend", backend)
+    assert verified.returncode == 0, verified.stderr[-2000:]
+    assert "verifying 1 file(s) of" in verified.stderr and "restoring" not in verified.stderr, verified.stderr
+
+    shown = run_script("show", VALUE_ONLY.key, "--backend", backend)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    [line] = [line for line in shown.stdout.splitlines() if line.startswith("code:")]
+    assert line == (
+        "code:      code 1a2b3c4d5e6f7a8b from bundle dags-folder, no bundle version (unversioned DAG folder), "
+        "dag version 7"
+    ), shown.stdout
+
+    # A try that recorded no bundle at all (``dag.test()`` of a file) printed "from bundle ?" before.
+    unnamed = Identity.for_task(dag_id="etl", task_id="load", name="from-a-file")
+    cs = CheckpointStore(store=store_from_url(backend), identity=unnamed)
+    lease = cs.acquire()
+    cs.commit(lease, {"n": 1}, code=CodeIdentity(fingerprint="1a2b3c4d5e6f7a8b"))
+    cs.release(lease)
+    shown = run_script("show", unnamed.key, "--backend", backend)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    [line] = [line for line in shown.stdout.splitlines() if line.startswith("code:")]
+    assert (
+        line == "code:      code 1a2b3c4d5e6f7a8b no bundle version (unversioned DAG folder), dag version ?"
+    )

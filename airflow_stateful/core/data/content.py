@@ -467,7 +467,7 @@ class ContentStore:
         """Read back every byte of a checkpoint and check every hash (its tree's chunks); raise
         CheckpointCorruptError naming the first bad object. Nothing is kept."""
         with tempfile.TemporaryDirectory(prefix="stateful-verify-") as scratch:
-            self.restore_files(manifest, scratch)
+            restore_files(self, manifest, scratch, verb="verifying")  # its progress lines say what this is
 
 
 def file_sha256(path: Path) -> str:

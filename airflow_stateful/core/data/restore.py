@@ -87,12 +87,14 @@ def restore_files(
     cache: ChunkCache | None = None,
     shared_dest: bool = False,
     durable: bool = False,
+    verb: str = "restoring",
 ) -> RestoreResult:
     """Download ``manifest``'s files into directory ``dest``, verified, all or nothing, in restore ``mode``.
 
     A checkpoint that carries no files (value only) leaves ``dest`` as it is in every mode: exact never empties
     a directory because of a checkpoint that did not save one. ``shared_dest``: see :func:`prepare`.
-    ``durable``: fsync each restored file before it is moved into place (:mod:`.download`)."""
+    ``durable``: fsync each restored file before it is moved into place (:mod:`.download`). ``verb`` starts the
+    progress lines (``"verifying"`` for a read-back that keeps nothing)."""
     mode = check_mode(mode)
     dest = Path(dest)
     prepare(
@@ -114,6 +116,7 @@ def restore_files(
         shared_dest=shared_dest,
         prepared=True,
         durable=durable,
+        verb=verb,
     )
 
 
@@ -143,12 +146,14 @@ def restore_tree_files(
     shared_dest: bool = False,
     prepared: bool = False,
     durable: bool = False,
+    verb: str = "restoring",
 ) -> RestoreResult:
     """Download ``files`` (tree entries: relative path, size, chunks) into ``dest``, verified, all or nothing.
 
     A checkpoint's tree, or a published output's files. ``where`` names the record in errors, ``label`` what is
     restored in progress lines, ``what`` in the result's log line; ``mode`` is the restore mode. ``prepared``:
-    the caller already ran :func:`prepare` on ``dest`` (its checks and recovery are not run twice)."""
+    the caller already ran :func:`prepare` on ``dest`` (its checks and recovery are not run twice). ``verb``:
+    see :func:`restore_files`."""
 
     def fetch(rels: list[PurePosixPath], incoming: Path, progress: TransferProgress | None) -> None:
         download_files(
@@ -175,6 +180,7 @@ def restore_tree_files(
         what=what,
         shared_dest=shared_dest,
         prepared=prepared,
+        verb=verb,
     )
 
 
@@ -192,6 +198,7 @@ def _restore(
     what: str = "checkpoint",
     shared_dest: bool = False,
     prepared: bool = False,
+    verb: str = "restoring",
 ) -> RestoreResult:
     """What every restore does around its downloads: undo an interrupted restore into ``dest``, apply the mode's
     check, check the paths, let ``fetch`` download and verify every file into a staging directory, then swap
@@ -207,7 +214,7 @@ def _restore(
     progress = None
     if total >= PROGRESS_MIN_BYTES:
         progress = TransferProgress(
-            label=f"restoring {len(rels)} file(s) of {label}", total_bytes=total, logger=log
+            label=f"{verb} {len(rels)} file(s) of {label}", total_bytes=total, logger=log
         )
     staging = dest / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
     try:

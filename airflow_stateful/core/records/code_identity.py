@@ -83,12 +83,15 @@ class CodeIdentity:
         return out
 
     def describe(self) -> str:
-        bundle = self.bundle_name or "?"
+        """``code 1a2b from bundle repo@abc, dag version 7``; a try from a DAG folder without versions (Airflow's
+        local bundle, ``dag.test()``) says so rather than printing a ``?`` that reads as a missing record."""
         if self.bundle_version:
-            bundle += f"@{self.bundle_version}"
-        return (
-            f"code {self.fingerprint or '?'} from bundle {bundle}, dag version {self.dag_version_id or '?'}"
-        )
+            bundle = f"from bundle {self.bundle_name or '?'}@{self.bundle_version}"
+        elif self.bundle_name:
+            bundle = f"from bundle {self.bundle_name}, no bundle version (unversioned DAG folder)"
+        else:
+            bundle = "no bundle version (unversioned DAG folder)"
+        return f"code {self.fingerprint or '?'} {bundle}, dag version {self.dag_version_id or '?'}"
 
 
 def _digest(text: str) -> str:
