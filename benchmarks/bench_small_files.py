@@ -23,6 +23,14 @@ the sides rotating per repetition:
     the objects each side's first save left in the bucket (the figure itself, unit "objects"; goal: at most
     files / 100 + 5).
 
+Each scenario also times its **floor** in the same rotation, given over restic on the restic row: what any
+client that packs small files and checks them by SHA-256 must do on this server and disk, with nothing else
+(no tree, commit, index, staging or journal): the first save reads and hashes every file into 8 MiB packs PUT
+by 8 threads; a re-save by a new process reads and hashes every file (it trusts no metadata) and PUTs the
+rewritten ones as one pack, by the same writer only lstats the others; a cold restore GETs those packs whole by
+8 threads and checks and writes every file (no fsync). A missed goal with a floor below it is the library's
+own cost; at or above it, the server's or the disk's.
+
 Goals (issue 32): first save and cold restore <= 0.5x restic, re-save <= 0.3x restic, each also reported
 against the boto3 pool (goal 1.0x). ``--json-out PATH`` writes the rows ``run_all.py`` collects; the exit code
 is 0 whether or not the goals are met. Without restic (``apt-get install restic``) its rows are skipped, saying
@@ -32,6 +40,7 @@ why.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import random
 import shutil
@@ -53,6 +62,8 @@ from airflow_stateful.core.stores.s3 import S3ObjectStore
 KIB = 1024
 POOL = 8
 """Threads of the plain boto3 side (issue 32: "an 8-thread boto3 pool")."""
+FLOOR_PACK = 8 * 1024 * KIB
+"""The floors' pack size: the library's (``airflow_stateful.core.data.packs.PACK_TARGET``)."""
 GOALS = {
     "first save": 0.5,
     "1% rewritten, re-save": 0.3,
@@ -100,6 +111,85 @@ def pool_get(client: Any, bucket: str, prefix: str, keys: list[str], dest: Path)
         list(pool.map(get, keys))
 
 
+Layout = list[tuple[str, list[tuple[Path, int, int, bytes]]]]
+"""The floor's packs: each key with its files (path, offset, size, SHA-256 digest)."""
+
+
+def floor_save(client: Any, bucket: str, prefix: str, paths: list[Path]) -> Layout:
+    """What any packing client must do to save ``paths``: read and SHA-256 every file, append it to a pack, PUT
+    each pack of :data:`FLOOR_PACK` bytes as it fills, 8 threads. No tree, no commit, no index."""
+    layout: Layout = []
+    with ThreadPoolExecutor(POOL) as pool:
+        futures = []
+        buf = bytearray()
+        entries: list[tuple[Path, int, int, bytes]] = []
+
+        def flush(body: bytes, packed: list[tuple[Path, int, int, bytes]]) -> None:
+            key = f"{prefix}/pack-{len(layout)}"
+            layout.append((key, packed))
+            futures.append(pool.submit(client.put_object, Bucket=bucket, Key=key, Body=body))
+
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                data = os.read(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+            entries.append((path, len(buf), len(data), hashlib.sha256(data).digest()))
+            buf += data
+            if len(buf) >= FLOOR_PACK:
+                flush(bytes(buf), entries)
+                buf, entries = bytearray(), []
+        if entries:
+            flush(bytes(buf), entries)
+        for future in futures:
+            future.result()
+    return layout
+
+
+def floor_resave(
+    client: Any, bucket: str, key: str, paths: list[Path], changed: list[Path], *, stat: bool
+) -> None:
+    """A re-save's floor: a new process (``stat=False``) reads and hashes every file, since it trusts no file
+    metadata; a writer that saved the tree before (``stat=True``) lstats every file and reads and hashes only
+    the rewritten ones. Either then PUTs the rewritten files' bytes as one pack. No tree, no commit."""
+    wanted = set(changed)
+    buf = bytearray()
+    for path in paths:
+        if stat:
+            os.lstat(path)
+            if path not in wanted:
+                continue
+        data = path.read_bytes()
+        hashlib.sha256(data).digest()
+        if path in wanted:
+            buf += data
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(buf))
+
+
+def floor_restore(client: Any, bucket: str, layout: Layout, src: Path, dest: Path) -> None:
+    """A cold restore's floor: GET every pack whole, 8 threads, check each file's SHA-256 and write it to a file
+    of its own (open, write, close; no fsync, no staging, no journal)."""
+    for parent in {path.parent for _, entries in layout for path, *_ in entries}:
+        (dest / parent.relative_to(src)).mkdir(parents=True, exist_ok=True)
+
+    def get(pack: tuple[str, list[tuple[Path, int, int, bytes]]]) -> None:
+        key, entries = pack
+        body = memoryview(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        for path, offset, size, digest in entries:
+            data = body[offset : offset + size]
+            if hashlib.sha256(data).digest() != digest:
+                raise RuntimeError(f"floor: {key} at {offset} does not hash to what was saved")
+            fd = os.open(dest / path.relative_to(src), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+
+    with ThreadPoolExecutor(POOL) as pool:
+        list(pool.map(get, layout))
+
+
 def count_objects(client: Any, bucket: str, prefix: str) -> int:
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/")
     return sum(len(page.get("Contents", [])) for page in pages)
@@ -123,6 +213,7 @@ def run_tree(
     lib, rest, boto = Timed("library"), Timed("restic"), Timed("boto3 pool")
     rows: list[dict[str, Any]] = []
     objects: dict[str, int] = {}
+    layout: Layout = []
 
     def identity(i: int) -> Identity:
         return Identity.for_task(dag_id="bench", task_id="small", name=f"r{i}")
@@ -153,14 +244,30 @@ def run_tree(
             restic.init(f"restic/r{i}")
             rest.run(lambda: restic.backup(f"restic/r{i}", src), clock)
 
-        sides = [first_lib, first_boto] + ([first_restic] if restic else [])
+        low = Timed("floor")
+
+        def first_floor(i: int) -> None:
+            def go() -> None:
+                layout[:] = floor_save(client, bucket, f"floor/r{i}", paths)  # the restore floor reads these
+
+            low.run(go, clock)
+
+        sides = [first_lib, first_boto, first_floor] + ([first_restic] if restic else [])
         rotate(args.repeat, None, sides)
         objects["library"] = count_objects(client, bucket, f"candidate/{identity(0).key}")
         objects["boto3 pool"] = count_objects(client, bucket, "boto/r0")
         if restic is not None:
             objects["restic"] = count_objects(client, bucket, "restic/r0")
         rows += table(
-            label, "first save", lib, rest, boto, restic, "boto3 put_object of every file, 8 threads"
+            label,
+            "first save",
+            lib,
+            rest,
+            boto,
+            restic,
+            "boto3 put_object of every file, 8 threads",
+            low=low,
+            low_what="every file read and SHA-256-hashed, appended to 8 MiB packs PUT by 8 threads",
         )
         log(f"{label}: first save: {lib.cpu('seaweedfs')}; {boto.cpu('seaweedfs')}")
 
@@ -194,10 +301,18 @@ def run_tree(
             assert restic is not None
             rest.run(lambda: restic.backup("restic/r0", src), clock)
 
+        low, low_same = Timed("floor"), Timed("floor")
+
+        def resave_floor(i: int) -> None:
+            low.run(lambda: floor_resave(client, bucket, f"floor/re{i}", paths, changed, stat=False), clock)
+            low_same.run(
+                lambda: floor_resave(client, bucket, f"floor/rs{i}", paths, changed, stat=True), clock
+            )
+
         rotate(
             args.repeat,
             rewrite,
-            [resave_lib, resave_same, resave_boto] + ([resave_restic] if restic else []),
+            [resave_lib, resave_same, resave_boto, resave_floor] + ([resave_restic] if restic else []),
         )
         rows += table(
             label,
@@ -208,6 +323,8 @@ def run_tree(
             restic,
             "boto3 put_object of the rewritten files only, 8 threads",
             boto_goal=None,  # it is told which files changed; a re-save must find out (1,000s of stats)
+            low=low,
+            low_what="every file read and SHA-256-hashed, the rewritten ones PUT as one pack",
         )
         rows += table(
             label,
@@ -218,6 +335,8 @@ def run_tree(
             restic,
             "boto3 put_object of the rewritten files only, 8 threads",
             boto_goal=None,
+            low=low_same,
+            low_what="every file lstat'ed, the rewritten ones read, SHA-256-hashed and PUT as one pack",
         )
         writer.release(writer_lease)
 
@@ -244,9 +363,26 @@ def run_tree(
             assert restic is not None
             rest.run(lambda: restic.restore("restic/r0", fresh()), clock)
 
-        rotate(args.repeat, None, [restore_lib, restore_boto] + ([restore_restic] if restic else []))
+        low = Timed("floor")
+
+        def restore_floor(i: int) -> None:
+            low.run(lambda: floor_restore(client, bucket, layout, src, fresh()), clock)
+
+        rotate(
+            args.repeat,
+            None,
+            [restore_lib, restore_boto, restore_floor] + ([restore_restic] if restic else []),
+        )
         rows += table(
-            label, "cold restore", lib, rest, boto, restic, "boto3 get_object of every file, 8 threads"
+            label,
+            "cold restore",
+            lib,
+            rest,
+            boto,
+            restic,
+            "boto3 get_object of every file, 8 threads",
+            low=low,
+            low_what="8 MiB packs GET whole by 8 threads, each file SHA-256-checked and written (no fsync)",
         )
         rows.append(objects_row(label, count, objects))
     finally:
@@ -267,9 +403,12 @@ def table(
     boto_what: str,
     *,
     boto_goal: float | None = 1.0,
+    low: Timed,
+    low_what: str,
 ) -> list[dict[str, Any]]:
     """The rows of one scenario: ours / restic (issue 32's goal) and ours / the boto3 pool (``boto_goal``;
-    ``None``: the pool does less than the scenario asks, so its row is a reference, with no verdict)."""
+    ``None``: the pool does less than the scenario asks, so its row is a reference, with no verdict). ``low``
+    is the scenario's floor (``low_what`` says what it did), given over restic on the restic row."""
     scenario = f"{label}, {name}"
     candidate = "CheckpointStore (packs)"
     out = []
@@ -288,7 +427,8 @@ def table(
                 base=rest,
                 cand=lib,
                 goal=GOALS[name],
-                notes=f"{rest.cpu('seaweedfs')}; {lib.cpu('seaweedfs')}",
+                notes=f"{rest.cpu('seaweedfs')}; {lib.cpu('seaweedfs')}; {low.cpu('seaweedfs')}",
+                floor_of=(low.median / rest.median, low_what),
             )
         )
     row = ratio_row(
@@ -354,20 +494,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("| scenario | baseline | ratio (min-max) | goal | verdict |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| scenario | baseline | ratio (min-max) | goal | verdict | floor |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for row in rows:
         goal = "-" if row["goal"] is None else f"<= {row['goal']:g}"
         if row["ratio"] is None:
-            print(f"| {row['scenario']} | {row['baseline']} | skipped: {row['notes']} | {goal} | SKIPPED |")
+            print(
+                f"| {row['scenario']} | {row['baseline']} | skipped: {row['notes']} | {goal} | SKIPPED | - |"
+            )
         elif row.get("unit") == "objects":
             print(
-                f"| {row['scenario']} | {row['baseline']} | {row['ratio']} objects | {goal} | {row['verdict']} |"
+                f"| {row['scenario']} | {row['baseline']} | {row['ratio']} objects | {goal} | {row['verdict']} | - |"
             )
         else:
+            low = row.get("floor")
+            shown = f"{low['ratio']:.2f}x: {low['what']}" if low else "-"
             print(
                 f"| {row['scenario']} | {row['baseline']} | {row['ratio']:.2f}x ({row['ratio_min']:.2f}-"
-                f"{row['ratio_max']:.2f}) | {goal}x | {row['verdict']} |"
+                f"{row['ratio_max']:.2f}) | {goal}x | {row['verdict']} | {shown} |"
             )
 
 
