@@ -73,6 +73,23 @@ class ConnectionFields:
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
+def connection_source(conn_id: str, options: dict[str, Any]) -> str:
+    """Where the credentials of a store opened from connection ``conn_id`` come from, in words (for errors)."""
+    if "aws_access_key_id" in options:
+        return f"the connection {conn_id!r}"
+    if options.get("profile_name"):
+        return f"AWS profile {options['profile_name']!r}, named by the connection {conn_id!r}"
+    return f"boto3's standard credential chain: the connection {conn_id!r} holds no key"
+
+
+def missing_connection_source(conn_id: str) -> str:
+    """The same, when the connection ``conn_id`` does not exist (boto3's chain is used instead)."""
+    return (
+        f"boto3's standard credential chain, because the connection {conn_id!r} ([stateful] conn_id or "
+        "--conn-id) does not exist: is it mistyped?"
+    )
+
+
 def s3_options(conn: ConnectionFields) -> dict[str, Any]:
     """S3 store options from the ``aws`` connection ``conn``.
 

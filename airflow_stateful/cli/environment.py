@@ -19,7 +19,7 @@ from typing import Any
 
 from airflow_stateful.config import DEFAULT_BACKEND_URL, backend_url_option, default_backend_url
 from airflow_stateful.core.settings import SECTION, StatefulSettings
-from airflow_stateful.s3_connection import connection_from_env, s3_options
+from airflow_stateful.s3_connection import connection_from_env, connection_source, s3_options
 
 READ_ONLY_VERBS = frozenset({"ls", "stuck", "du", "show", "history", "cat", "outputs", "verify"})
 """The verbs that only read the store (``cat --files`` and ``outputs --get`` write only to a local directory)."""
@@ -90,4 +90,7 @@ def light_connection(conn_id: str, cfg: configparser.ConfigParser) -> dict[str, 
     if text is None:
         return None
     fields = connection_from_env(conn_id, text)
-    return None if fields is None else s3_options(fields)
+    if fields is None:
+        return None
+    options = s3_options(fields)
+    return {**options, "credential_source": connection_source(conn_id, options)}

@@ -49,8 +49,10 @@ class StoreError(StatefulError):
 
 
 class StoreUnavailableError(StoreError):
-    """The store cannot be used as configured: its bucket or directory does not exist, or its endpoint cannot be
-    reached. Apart from other store failures so that a command line can call it a configuration error (exit 2)."""
+    """The store cannot be used as configured: its bucket or directory does not exist, its endpoint cannot be
+    reached or is not S3, its credentials are missing or refused, its KMS key may not be used, or it lacks the
+    conditional writes the protocol needs. Apart from other store failures so that a command line can call it a
+    configuration error (exit 2)."""
 
 
 class CommitOutcomeUnknownError(StoreError):

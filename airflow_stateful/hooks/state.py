@@ -18,7 +18,12 @@ from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.registry import store_from_url
 from airflow_stateful.metrics import install as install_stats_listener
-from airflow_stateful.s3_connection import ConnectionFields, s3_options
+from airflow_stateful.s3_connection import (
+    ConnectionFields,
+    connection_source,
+    missing_connection_source,
+    s3_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,7 @@ class StateHook(BaseHook):
         self.endpoint_url = endpoint_url
         self._store: ObjectStore | None = None
         self._signer: HeadSigner | None = None
+        self._credential_source: str | None = None  # set by s3_options(), in words, for the store's errors
 
     def s3_options(self) -> dict[str, Any]:
         """S3 store options from the ``aws`` connection (:func:`airflow_stateful.s3_connection.s3_options`: the
@@ -74,15 +80,18 @@ class StateHook(BaseHook):
             conn = self.get_connection(self.conn_id)
         except AirflowNotFoundException:
             log.debug("connection %r not found; using boto3's standard credential chain", self.conn_id)
+            self._credential_source = missing_connection_source(self.conn_id)
             return {}
         extra = conn.extra_dejson or {}
         if not isinstance(extra, dict):
             raise ConfigurationError(f"connection {self.conn_id!r}: the extra must be a JSON object")
-        return s3_options(
+        options = s3_options(
             ConnectionFields(
                 conn_id=self.conn_id, login=conn.login, password=conn.password, host=conn.host, extra=extra
             )
         )
+        self._credential_source = connection_source(self.conn_id, options)
+        return options
 
     def get_store(self) -> ObjectStore:
         """The configured store (opened once per hook, with its head signing policy: :meth:`get_signer`)."""
@@ -90,6 +99,9 @@ class StateHook(BaseHook):
             options: dict[str, Any] = {}
             if urlparse(self.backend_url).scheme == "s3":
                 options = self.s3_options()
+                if self._credential_source is not None:
+                    # Named by every error of missing or refused credentials: a mistyped conn_id shows there.
+                    options["credential_source"] = self._credential_source
                 if self.endpoint_url:
                     options["endpoint_url"] = self.endpoint_url
             store = store_from_url(self.backend_url, **options)

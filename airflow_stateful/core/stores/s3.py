@@ -93,6 +93,8 @@ class S3ObjectStore(ObjectStore):
     :param max_concurrency: parts in flight at once, for uploads and downloads.
     :param list_page_size: keys per ListObjectsV2 page (1-1,000; S3's maximum by default). Smaller pages only
         cost requests; the tests use them to run every listing across page boundaries.
+    :param credential_source: where the credentials come from, in words (``"connection 'minio'"``), named by
+        the errors of missing or refused credentials; never a secret. Default: said from the arguments.
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class S3ObjectStore(ObjectStore):
         part_size: int = 8 * MIB,
         max_concurrency: int = 4,
         list_page_size: int = 1000,
+        credential_source: str | None = None,
     ) -> None:
         if part_size < 5 * MIB:
             raise ValueError(f"part_size must be at least 5 MiB (S3's minimum), not {part_size}")
@@ -145,6 +148,9 @@ class S3ObjectStore(ObjectStore):
         self.max_concurrency = max_concurrency
         self.list_page_size = list_page_size
         self.endpoint_url = endpoint_url
+        self.credential_source = credential_source or _credential_source(
+            client=client, keys=aws_access_key_id is not None, profile_name=profile_name, role_arn=role_arn
+        )
         if client is None:
             from airflow_stateful.core.stores.s3_session import s3_client, skip_expect_for_small_puts
 
@@ -198,7 +204,13 @@ class S3ObjectStore(ObjectStore):
             self._pool = None
 
     def _translate(
-        self, exc: Exception, key: str, *, conditional: bool = False, reading: bool = False
+        self,
+        exc: Exception,
+        key: str,
+        *,
+        conditional: bool = False,
+        reading: bool = False,
+        listing: bool = False,
     ) -> Exception:
         """:func:`~airflow_stateful.core.stores.s3_errors.translate` with this store's bucket and endpoint.
 
@@ -211,8 +223,10 @@ class S3ObjectStore(ObjectStore):
             bucket=self.bucket,
             endpoint_url=self.endpoint_url,
             expected_bucket_owner=self.expected_bucket_owner,
+            credential_source=self.credential_source,
             conditional=conditional,
             reading=reading,
+            listing=listing,
         )
 
     # -- interface -----------------------------------------------------------------------------------------
@@ -380,7 +394,7 @@ class S3ObjectStore(ObjectStore):
                         key=obj["Key"][strip:], size=obj["Size"], last_modified=obj["LastModified"]
                     )
         except Exception as exc:
-            raise self._translate(exc, prefix) from exc
+            raise self._translate(exc, prefix, listing=True) from exc
 
     def list_delimited(self, prefix: str, delimiter: str) -> Iterator[ObjectInfo | CommonPrefix]:
         """ListObjectsV2 with ``Delimiter``: a page holds up to 1,000 entries, objects and common prefixes
@@ -411,7 +425,7 @@ class S3ObjectStore(ObjectStore):
         except StatefulError:
             raise
         except Exception as exc:
-            raise self._translate(exc, prefix) from exc
+            raise self._translate(exc, prefix, listing=True) from exc
 
     def delete(self, key: str, *, if_match: str | None = None) -> None:
         kwargs: dict[str, Any] = {"IfMatch": if_match} if if_match is not None else {}
@@ -448,3 +462,16 @@ class S3ObjectStore(ObjectStore):
                 f"could not delete {len(errors)} object(s) from {self.url}, first {first.get('Key')!r}: "
                 f"{first.get('Code')}: {first.get('Message')}"
             )
+
+
+def _credential_source(*, client: object, keys: bool, profile_name: str | None, role_arn: str | None) -> str:
+    """Where a store's credentials come from, in words, when its opener did not say."""
+    if client is not None:
+        source = "the boto3 client given to the store"
+    elif keys:
+        source = "the access key given to the store"
+    elif profile_name:
+        source = f"AWS profile {profile_name!r}"
+    else:
+        source = "boto3's standard credential chain (no connection configured)"
+    return f"{source}, assuming role {role_arn!r}" if role_arn else source

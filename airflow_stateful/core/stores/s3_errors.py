@@ -71,11 +71,26 @@ def client_error_code(exc: Exception) -> str | None:
     return str(response.get("Error", {}).get("Code", ""))
 
 
+def _http_status(exc: Exception) -> int | None:
+    """The HTTP status of the answer behind a botocore ``ClientError``; ``None`` without one."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
+
+
 class Translate(Protocol):
     """A store's :func:`translate`, with its own bucket and endpoint filled in."""
 
     def __call__(
-        self, exc: Exception, key: str, *, conditional: bool = False, reading: bool = False
+        self,
+        exc: Exception,
+        key: str,
+        *,
+        conditional: bool = False,
+        reading: bool = False,
+        listing: bool = False,
     ) -> Exception: ...
 
 
@@ -87,26 +102,58 @@ def translate(
     bucket: str,
     endpoint_url: str | None,
     expected_bucket_owner: str | None,
+    credential_source: str = "boto3's standard credential chain",
     conditional: bool = False,
     reading: bool = False,
+    listing: bool = False,
 ) -> Exception:
     """Map a botocore error to one of ours, with a message that says what to do and holds no secret.
 
+    Whatever says the store cannot be used as configured (no bucket, no or refused credentials, a KMS key it
+    may not use, an endpoint that is not S3 or lacks conditional writes, an endpoint that does not answer) is a
+    :class:`StoreUnavailableError`, so a command line calls every one a configuration problem (exit 2).
+
     :param url: the store's ``s3://bucket/prefix``, named in every message.
+    :param credential_source: where the credentials came from, in words (named when they are missing or refused).
     :param conditional: the request was a conditional write: a missing object means the condition lost.
     :param reading: ``exc`` broke the body of an answer, after :data:`READ_ATTEMPTS` reads.
+    :param listing: the request listed ``key`` as a prefix (S3 answers a listing 404 only for a missing bucket).
     """
+    from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+
     code = client_error_code(exc)
-    where = f"{url} (object {key!r})"
+    where = f"{url} (object {key!r})" if key and not listing else url
+    at = endpoint_url or "AWS"
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return StoreUnavailableError(
+            f"no S3 credentials for {url}: they were to come from {credential_source}, which found none "
+            f"({type(exc).__name__}). Fix [stateful] conn_id (or --conn-id), give the connection a key, or "
+            "set up the AWS credential chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, a role)."
+        )
     if code in LOST_CONDITION:
         return PreconditionFailedError(f"conditional write to {where} lost: the object exists or changed")
+    status = _http_status(exc)
+    if code == "" and status is not None:  # an answer, but no S3 error document in it
+        what = "a listing of" if listing else "a request on"
+        return StoreUnavailableError(
+            f"the endpoint {at} answered {what} bucket {bucket!r} with HTTP {status} and no S3 error: it does not "
+            "look like an S3 API. Check endpoint_url: the S3 API's address and port, not a console or a web "
+            "server's."
+        )
+    if code in NOT_FOUND and listing:
+        return StoreUnavailableError(
+            f"the endpoint {at} answered a listing of bucket {bucket!r} with {code} Not Found: it does not "
+            "look like an S3 API (S3 answers NoSuchBucket for a missing bucket). Check endpoint_url: the S3 "
+            "API's address and port, not a console or a web server's."
+        )
     if code in NOT_FOUND:
         if conditional:
             return PreconditionFailedError(f"conditional write to {where} lost: the object is gone")
         return ObjectNotFoundError(f"object {key!r} does not exist in {url}")
     if code == "NoSuchBucket":
         return StoreUnavailableError(
-            f"bucket {bucket!r} does not exist at {endpoint_url or 'AWS'}; create it or fix backend_url."
+            f"bucket {bucket!r} does not exist at {at}; create it (this package never creates one) or fix "
+            "backend_url."
         )
     if code in ACCESS:
         owner = (
@@ -114,17 +161,17 @@ def translate(
             if expected_bucket_owner
             else ""
         )
-        return StoreError(
-            f"access to {where} was denied ({code}); check the credentials of the connection "
-            f"or the AWS credential chain (and the role it assumes), the bucket policy{owner}."
+        return StoreUnavailableError(
+            f"access to {where} was denied ({code}); check the credentials, which came from "
+            f"{credential_source}, the role they assume, the bucket policy{owner}."
         )
     if code is not None and code.startswith(KMS):
-        return StoreError(
+        return StoreUnavailableError(
             f"S3 could not use the KMS key of {where} ({code}); check sse_kms_key_id and that the key "
             "policy lets these credentials use it (kms:GenerateDataKey to write, kms:Decrypt to read)."
         )
     if code == "NotImplemented":
-        return StoreError(
+        return StoreUnavailableError(
             f"the endpoint behind {url} does not support a request the commit protocol needs "
             "(conditional writes: If-None-Match / If-Match); use an S3-compatible store that does."
         )
@@ -136,5 +183,5 @@ def translate(
         )
     if code is None:
         name = type(exc).__name__
-        return StoreUnavailableError(f"cannot reach {where}: {name}: {exc}")
+        return StoreUnavailableError(f"cannot reach {where} at {at}: {name}: {exc}")
     return StoreError(f"S3 request on {where} failed: {code}: {exc}")
