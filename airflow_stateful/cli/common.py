@@ -1,5 +1,5 @@
 """What several commands need and none owns: one identity's checkpoints, a progress line, the lifetimes GC
-judges by, and sizes as people read them.
+judges by, sizes as people read them, and the objects of the identities a fleet verb selects.
 
 In one place so that every verb reports progress, reads ``--idle-for`` and the other lifetime options and shows
 a size the same way (``gc`` and ``du`` must agree on what a lifetime is, ``ls`` and ``du`` on a size). The store
@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import logging
 
+from airflow_stateful.cli.selections import selected_prefixes
 from airflow_stateful.core.errors import CheckpointNotFoundError
+from airflow_stateful.core.fleet.gc_plan import group_by_identity
 from airflow_stateful.core.fleet.lifetimes import Lifetimes
 from airflow_stateful.core.fleet.walk_progress import ItemProgress
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
@@ -20,7 +22,7 @@ from airflow_stateful.core.records.canonical import canonical_json
 from airflow_stateful.core.records.heads import CheckpointEntry
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
-from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.core.stores.base import ObjectInfo, ObjectStore
 
 _log = logging.getLogger("airflow_stateful")
 
@@ -58,3 +60,12 @@ def checkpoint_size(entry: CheckpointEntry | None) -> int:
         return 0
     manifest = len(canonical_json(entry.inline)) if entry.inline is not None else entry.manifest_size or 0
     return entry.total_size + manifest
+
+
+def selected_groups(args: argparse.Namespace, store: ObjectStore) -> dict[str, list[ObjectInfo]]:
+    """The objects of every identity ``args`` selects, grouped by identity (``du`` and ``gc`` size and plan from
+    them): one listing per selected prefix, so a run selected across a DAG's tasks lists only that run's."""
+    groups: dict[str, list[ObjectInfo]] = {}
+    for prefix in selected_prefixes(args, store):
+        groups.update(group_by_identity(store, prefix))
+    return groups

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from airflow_stateful.cli.exit_codes import EXIT_USAGE
 from airflow_stateful.cli.output import hms
+from airflow_stateful.cli.selections import add_selection_arguments
 from airflow_stateful.cli.selectors import add_identity_arguments
 from airflow_stateful.core.data.restore_modes import EMPTY, MODES
 from airflow_stateful.core.durations import parse_duration
@@ -31,12 +32,15 @@ Command = Callable[[argparse.Namespace, ObjectStore], int]
 DESCRIPTION = """airflow-stateful: inspect, verify, roll back, unlock and clean checkpointed state.
 
 Name an identity by its key (etl/crunch/run=manual__1/map=-1) or by its Airflow ids: --dag-id, --task-id,
---run-id (or --name for state that lives across runs) and --map-index, which encode the key for you.
+--run-id (or --name for state that lives across runs) and --map-index, which encode the key for you. ls, stuck,
+du and gc select many the same way: --dag-id alone (a DAG), with --task-id (a task), with --run-id (a run, every
+task of it), or take a raw key prefix.
 
 Exit codes scripts can rely on: 0 success; 1 a problem was found (verify saw corruption, ls/du a head they
 could not read, outputs --get a download that does not match its recorded SHA-256); 2 bad usage or
-configuration (a mistyped option or identity; a store that does not exist or cannot be reached: a missing
-file:// directory or S3 bucket, an endpoint that does not answer), or a restore (cat --files, outputs --get)
+configuration (a mistyped option, identity or connection; missing or refused credentials; a store that does
+not exist or cannot be reached: a missing file:// directory or S3 bucket, an endpoint that does not answer or
+does not speak S3), or a restore (cat --files, outputs --get)
 refused because its destination is not empty (the default --mode empty; choose --mode exact or --mode merge);
 3 refused because of a lease (a live writer holds the identity; --force overrides); 4 no such identity,
 checkpoint or output.
@@ -145,15 +149,6 @@ def _add_restore_mode(p: argparse.ArgumentParser, dest: str) -> None:
     )
 
 
-def _add_prefix(p: argparse.ArgumentParser, also: str = "") -> None:
-    p.add_argument(
-        "prefix",
-        nargs="?",
-        metavar="PREFIX",
-        help=f"only identities whose key starts with this, e.g. etl/ or etl/crunch/ {also}".rstrip(),
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every verb; a parsed command line holds ``func`` (the verb's :data:`Command`) and, for a
     verb whose exit 1 is a finding (``stuck``), ``error_exit``: the code its failures take instead."""
@@ -181,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "ls", parents=[common], help="list identities with their status (active, stuck, dead, idle)"
     )
-    _add_prefix(p)
+    add_selection_arguments(p)
     p.add_argument(
         "--status",
         type=_statuses,
@@ -201,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one identity stuck; 2 the check could not be made or is incomplete (bad usage or configuration, the "
         "store could not be listed, a head could not be read) and nothing was found stuck.",
     )
-    _add_prefix(p, "(or --prefix)")
+    add_selection_arguments(p, also="(or --prefix) ")
     p.add_argument(
         "--prefix", dest="prefix_option", metavar="PREFIX", help="the same as the positional prefix"
     )
@@ -273,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "gc", parents=[common], help="apply retention and delete idle, orphaned and crash-left objects"
     )
-    _add_prefix(p)
+    add_selection_arguments(p)
     p.add_argument(
         "--min-age", type=_duration, default=timedelta(hours=1), help="leave younger objects (default 1h)"
     )
@@ -303,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "du", parents=[common], help="bytes, checkpoints, idle age and monthly cost per identity"
     )
-    _add_prefix(p)
+    add_selection_arguments(p)
     p.add_argument(
         "--price-per-gb-month",
         type=float,

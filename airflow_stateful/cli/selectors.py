@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from airflow_stateful.cli.selections import resolve_selection
 from airflow_stateful.core.errors import IdentityError
 from airflow_stateful.core.records.identity import Identity
 
@@ -54,7 +55,12 @@ def add_identity_arguments(p: argparse.ArgumentParser, *, required: bool = True)
 def resolve_identity(args: argparse.Namespace) -> None:
     """Set ``args.identity`` to the key the selectors or the positional argument name, checked; raise
     :class:`~airflow_stateful.core.errors.IdentityError` (exit 2) naming the bad value, before anything is opened.
-    A verb whose identity is optional (``verify``) takes ``--all`` instead: exactly one of the two."""
+    A verb whose identity is optional (``verify``) takes ``--all`` instead: exactly one of the two. A fleet verb
+    (``select_many``: ``ls``, ``stuck``, ``du``, ``gc``) names many identities instead:
+    :func:`~airflow_stateful.cli.selections.resolve_selection`."""
+    if getattr(args, "select_many", False):
+        resolve_selection(args)
+        return
     given = {dest: getattr(args, dest) for dest in SELECTORS if getattr(args, dest, None) is not None}
     named = bool(given) or args.identity is not None
     if not args.identity_required and getattr(args, "all", False) == named:

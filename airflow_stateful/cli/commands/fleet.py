@@ -1,4 +1,4 @@
-"""``ls``, ``stuck`` and ``du``: every identity under a prefix, one row each.
+"""``ls``, ``stuck`` and ``du``: every identity under a prefix (or selected by Airflow ids), one row each.
 
 Together because they walk the whole store the same way (one delimited listing, heads read a few at a time, a
 row printed as soon as it is read) and answer the fleet-wide questions: what is there, what is stuck, what it
@@ -9,21 +9,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from airflow_stateful.cli.common import checkpoint_size, lifetimes
+from airflow_stateful.cli.common import checkpoint_size, lifetimes, selected_groups
 from airflow_stateful.cli.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from airflow_stateful.cli.output import TABLE_PAGE, emit, hms
+from airflow_stateful.cli.selections import selected_prefixes
 from airflow_stateful.core.fleet.lifetimes import Lifetimes, judge
 from airflow_stateful.core.fleet.status import STATUSES, WorkStatus
-from airflow_stateful.core.fleet.stuck import IdentityStatus, find_stuck, identity_statuses
+from airflow_stateful.core.fleet.stuck import IdentityStatus, StuckReport, find_stuck, identity_statuses
 from airflow_stateful.core.fleet.usage import GB, disk_usage
 from airflow_stateful.core.records.heads import HeadRecord
 from airflow_stateful.core.records.identity import Identity
+from airflow_stateful.core.settings import EXPECTED_CHECKPOINT_INTERVAL
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import utcnow_iso
 
@@ -40,9 +44,14 @@ def cmd_ls(args: argparse.Namespace, store: ObjectStore) -> int:
 
     def rows() -> Iterator[dict[str, Any]]:
         nonlocal errors
-        for item in identity_statuses(
-            store, args.prefix or "", default_interval=args.default_interval, signer=args.signer
-        ):
+        statuses = (
+            item
+            for prefix in selected_prefixes(args, store)
+            for item in identity_statuses(
+                store, prefix, default_interval=args.default_interval, signer=args.signer
+            )
+        )
+        for item in statuses:
             if item.error is not None:
                 errors += 1
                 yield {"identity": item.identity.key, **dict.fromkeys(LS_COLUMNS[1:]), "error": item.error}
@@ -85,12 +94,11 @@ def cmd_stuck(args: argparse.Namespace, store: ObjectStore) -> int:
     when a head could not be read, else 0."""
     if args.prefix and args.prefix_option and args.prefix != args.prefix_option:
         raise ValueError(f"two different prefixes: {args.prefix!r} and --prefix {args.prefix_option!r}")
-    report = find_stuck(
-        store,
-        args.prefix or args.prefix_option or "",
-        default_interval=args.default_interval,
-        signer=args.signer,
-    )
+    reports = [
+        find_stuck(store, prefix, default_interval=args.default_interval, signer=args.signer)
+        for prefix in selected_prefixes(args, store)
+    ]
+    report = _one_report(store, reports, shown=args.prefix or args.prefix_option or "", args=args)
     if args.json:
         print(json.dumps(report.to_json(), indent=2, default=str), file=args.out)
     else:
@@ -112,6 +120,29 @@ def cmd_stuck(args: argparse.Namespace, store: ObjectStore) -> int:
     if report.stuck:
         return EXIT_PROBLEM
     return EXIT_USAGE if report.errors else EXIT_OK
+
+
+def _one_report(
+    store: ObjectStore, reports: list[StuckReport], *, shown: str, args: argparse.Namespace
+) -> StuckReport:
+    """One report for the whole selection: a run selected across a DAG's tasks is one check per task folder
+    (its identities share no single prefix), reported as one, under the selection's name."""
+    if len(reports) == 1:
+        return dataclasses.replace(reports[0], prefix=shown)
+    counts: Counter[str] = Counter(dict.fromkeys(STATUSES, 0))
+    for r in reports:
+        counts.update(r.counts)
+    return StuckReport(
+        store=store.url,
+        prefix=shown,
+        default_interval=(args.default_interval or EXPECTED_CHECKPOINT_INTERVAL).total_seconds(),
+        checked_at=reports[0].checked_at if reports else utcnow_iso(time.time()),
+        checked=sum(r.checked for r in reports),
+        counts=dict(counts),
+        stuck=tuple(s for r in reports for s in r.stuck),
+        dead=tuple(d for r in reports for d in r.dead),
+        errors=tuple(e for r in reports for e in r.errors),
+    )
 
 
 def _stuck_row(item: IdentityStatus) -> dict[str, Any]:
@@ -143,7 +174,8 @@ def cmd_du(args: argparse.Namespace, store: ObjectStore) -> int:
 
     def rows() -> Iterator[dict[str, Any]]:
         nonlocal errors
-        for u in disk_usage(store, prefix=args.prefix or "", signer=args.signer, packs=packs):
+        groups = selected_groups(args, store)
+        for u in disk_usage(store, prefix=args.prefix or "", groups=groups, signer=args.signer, packs=packs):
             for field, sum_so_far in total.items():
                 value = getattr(u, field)
                 total[field] = None if sum_so_far is None or value is None else sum_so_far + value

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from airflow_stateful.cli.common import checkpoints_of, lifetimes, progress
+from airflow_stateful.cli.common import checkpoints_of, lifetimes, progress, selected_groups
 from airflow_stateful.cli.exit_codes import EXIT_OK, EXIT_PROBLEM
 from airflow_stateful.cli.opening import logs_to_stderr
 from airflow_stateful.cli.output import emit
@@ -22,7 +22,7 @@ from airflow_stateful.core.errors import (
     LeaseHeldError,
 )
 from airflow_stateful.core.fleet.catalog import list_identities
-from airflow_stateful.core.fleet.gc import apply_gc, group_by_identity, plan_gc
+from airflow_stateful.core.fleet.gc import apply_gc, plan_gc
 from airflow_stateful.core.fleet.lifetimes import RunStates
 from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
@@ -132,7 +132,7 @@ def _airflow_run_states(args: argparse.Namespace) -> tuple[RunStates | None, str
 def cmd_gc(args: argparse.Namespace, store: ObjectStore) -> int:
     """Plan, then (unless ``--dry-run``) apply: both print the same rows for an unchanged store, one per identity,
     each saying why it is kept or deleted (the ``why`` column; ``lifetime`` in ``--json``)."""
-    groups = group_by_identity(store, args.prefix or "")
+    groups = selected_groups(args, store)
     lives = lifetimes(args)
     airflow, asked = _airflow_run_states(args)
     print(f"gc: asking {asked}" if airflow is not None else f"gc: {asked}", file=sys.stderr)
