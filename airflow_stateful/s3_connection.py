@@ -85,8 +85,8 @@ def connection_source(conn_id: str, options: dict[str, Any]) -> str:
 def missing_connection_source(conn_id: str) -> str:
     """The same, when the connection ``conn_id`` does not exist (boto3's chain is used instead)."""
     return (
-        f"boto3's standard credential chain, because the connection {conn_id!r} ([stateful] conn_id or "
-        "--conn-id) does not exist: is it mistyped?"
+        f"boto3's standard credential chain (the connection {conn_id!r} that [stateful] conn_id or --conn-id "
+        "names does not exist: mistyped?)"
     )
 
 
