@@ -17,12 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import test_cli_setup_errors
 from s3_endpoint import S3Endpoint
 from test_cli_first_hour import _s3_env, run_script
-from test_cli_setup_errors import _no_credentials_env, not_s3  # noqa: F401  (not_s3: a fixture used here)
 
 from airflow_stateful.core import CheckpointStore, Identity, store_from_url
 from airflow_stateful.testing.s3_server import free_port
+
+not_s3 = test_cli_setup_errors.not_s3  # the fixture: an HTTP server on 127.0.0.1 that answers 404, not S3
+_no_credentials_env = test_cli_setup_errors._no_credentials_env
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"
 PREFIX = "airflow-stateful: "
@@ -113,7 +116,9 @@ def test_every_checked_entry_is_what_a_real_command_prints(
         result = run_script(*args, env=env)
         line = error_line(result)
         matching = [e for e in page if e.matches(line)]
-        assert matching, f"`airflow-stateful {' '.join(args)}` printed an error no entry of {DOC.name} has:\n{line}"
+        assert matching, (
+            f"`airflow-stateful {' '.join(args)}` printed an error no entry of {DOC.name} has:\n{line}"
+        )
         entry = matching[0]
         assert result.returncode == entry.exit_code, (args, result.returncode, entry.heading)
         assert "wrong-secret-77" not in result.stderr
