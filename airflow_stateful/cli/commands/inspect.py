@@ -13,8 +13,9 @@ import contextlib
 import hashlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
+from typing import Any
 
 from airflow_stateful.cli.common import checkpoint_size, checkpoints_of
 from airflow_stateful.cli.exit_codes import EXIT_OK
@@ -27,6 +28,7 @@ from airflow_stateful.core.errors import (
 )
 from airflow_stateful.core.protocol.checkpoint_store import CheckpointStore
 from airflow_stateful.core.records.cursors import cursors_to_json, describe_cursors, read_cursors
+from airflow_stateful.core.records.lineage import CopyOf
 from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.records.outputs import OutputInfo, check_output_name, content_sha256
 from airflow_stateful.core.stores.base import ObjectStore
@@ -41,6 +43,7 @@ def cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
         read_cursors(latest.extra, what=f"checkpoint {latest.seq}") if latest else ({}, None)
     )
     lease = head.lease
+    kept = {e.commit_id for e in head.checkpoints}
     info = {
         "identity": cs.identity.key,
         "store": store.url,
@@ -67,6 +70,7 @@ def cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
             "schema_version": latest.schema_version,
             "writer": latest.writer.to_json(),
             "code": latest.code.to_json() if latest.code else None,
+            "copy_of": lineage_json(latest.copy_of, kept),
             "files": [{"path": f.path, "size": f.size, "objects": len(f.keys)} for f in cs.files(latest)],
             "cursors": cursors_to_json(cursors),
             **({"cursors_error": cursor_error} if cursor_error else {}),
@@ -93,6 +97,8 @@ def cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
             )
             if latest.code is not None:
                 print(f"code:      {latest.code.describe()}", file=args.out)
+            if latest.copy_of is not None:
+                print(f"lineage:   {describe_lineage(latest.copy_of, kept)}", file=args.out)
             print(f"cursors:   {cursor_error or describe_cursors(cursors)}", file=args.out)
             print(f"value:     {json.dumps(info['latest']['value'], default=str)[:200]}", file=args.out)  # type: ignore[index]
     return EXIT_OK
@@ -101,7 +107,9 @@ def cmd_show(args: argparse.Namespace, store: ObjectStore) -> int:
 def cmd_history(args: argparse.Namespace, store: ObjectStore) -> int:
     cs = checkpoints_of(store, args.identity, signer=args.signer, marks=args.marks)
     rows = []
-    for entry in cs.history():
+    entries = cs.history()
+    kept = {e.commit_id for e in entries}
+    for entry in entries:
         manifest = cs.get(entry.seq)
         writer = manifest.writer
         cursors, cursor_error = read_cursors(manifest.extra, what=f"checkpoint {entry.seq}")
@@ -117,13 +125,45 @@ def cmd_history(args: argparse.Namespace, store: ObjectStore) -> int:
                 "cursors": cursors_to_json(cursors) if args.json else describe_cursors(cursors),
                 "pinned": "pinned" if entry.pinned is not None else None,
                 "pin": entry.pinned.to_json() if entry.pinned is not None else None,
+                "copy_of": lineage_json(manifest.copy_of, kept)
+                if args.json
+                else describe_lineage(manifest.copy_of, kept),
             }
         )
         if cursor_error:  # a malformed record is shown as such, never taken for "no cursors"
             rows[-1].update(cursors=None if args.json else "unreadable", cursors_error=cursor_error)
-    columns = ["seq", "created_at", "schema", "epoch", "files", "size", "writer", "pinned", "cursors"]
+    columns = [
+        "seq",
+        "created_at",
+        "schema",
+        "epoch",
+        "files",
+        "size",
+        "writer",
+        "pinned",
+        "copy_of",
+        "cursors",
+    ]
     emit(rows, columns, as_json=args.json, out=args.out, sizes=("size",), exact=args.exact_sizes)
     return EXIT_OK
+
+
+def lineage_json(copy_of: CopyOf | None, kept: Collection[str]) -> dict[str, Any] | None:
+    """The ``copy_of`` of ``--json``: the original's seq and commit id, and whether the head still keeps it (a
+    script can tell a rollback whose original retention dropped)."""
+    if copy_of is None:
+        return None
+    return {**copy_of.to_json(), "kept": copy_of.commit_id in kept}
+
+
+def describe_lineage(copy_of: CopyOf | None, kept: Collection[str]) -> str | None:
+    """``copy of seq 2``, and ``(no longer kept, commit <id>)`` once the original is gone: then its seq may be
+    unfamiliar, and the commit id is what logs and events named it by."""
+    if copy_of is None:
+        return None
+    if copy_of.commit_id in kept:
+        return copy_of.describe()
+    return f"{copy_of.describe()} (no longer kept, commit {copy_of.commit_id})"
 
 
 def cmd_cat(args: argparse.Namespace, store: ObjectStore) -> int:

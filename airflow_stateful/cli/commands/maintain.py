@@ -24,6 +24,7 @@ from airflow_stateful.core.errors import (
 from airflow_stateful.core.fleet.catalog import list_identities
 from airflow_stateful.core.fleet.gc import apply_gc, plan_gc
 from airflow_stateful.core.fleet.lifetimes import RunStates
+from airflow_stateful.core.protocol.rollback import commit_copy
 from airflow_stateful.core.records.writer import WriterInfo
 from airflow_stateful.core.stores.base import ObjectStore
 
@@ -85,18 +86,7 @@ def cmd_rollback(args: argparse.Namespace, store: ObjectStore) -> int:
     target = cs.get(args.to)
     lease = cs.acquire(holder=WriterInfo.current(task_id="airflow-stateful rollback"), steal=args.force)
     try:
-        new = cs.commit(
-            lease,
-            target.value,
-            encoded=True,  # copied as stored: a pickled value stays the same pickle, never unpickled here
-            schema_version=target.schema_version,
-            value_codec=target.value_codec,
-            keep_files_from=target,
-            extra={**target.extra, "rolled_back_from": target.seq},
-            code=target.code,
-            # A pinned checkpoint rolled back to is the newest now: its pin has done its job.
-            unpin=[target.commit_id],
-        )
+        new = commit_copy(cs, lease, target)  # records that it copies target (``copy_of``), for history
     finally:
         cs.release(lease)
     emit(

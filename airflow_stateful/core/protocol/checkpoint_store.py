@@ -59,6 +59,7 @@ from airflow_stateful.core.records.formats import MAX_EXPECTED_INTERVAL, MAX_PIN
 from airflow_stateful.core.records.heads import HeadRecord, PinRecord
 from airflow_stateful.core.records.identity import Identity
 from airflow_stateful.core.records.integrity import HeadSigner
+from airflow_stateful.core.records.lineage import CopyOf
 from airflow_stateful.core.records.manifests import Manifest, manifest_format
 from airflow_stateful.core.records.outcomes import TryOutcome
 from airflow_stateful.core.records.outputs import (
@@ -259,6 +260,7 @@ class CheckpointStore(CheckpointReader):
         outputs: Mapping[str, StagedOutput] | None = None,
         code: CodeIdentity | None = None,
         unpin: Collection[str] = (),
+        copy_of: CopyOf | None = None,
     ) -> Manifest:
         """Make ``value`` (and the files below ``files``) the identity's newest checkpoint, atomically.
 
@@ -280,6 +282,8 @@ class CheckpointStore(CheckpointReader):
             replacing by name, the outputs of the newest checkpoint, which every commit carries over).
         :param code: what code writes it (:mod:`airflow_stateful.core.records.code_identity`), recorded in the manifest.
         :param unpin: commit ids of pinned checkpoints whose pin this commit releases (in the same write).
+        :param copy_of: the earlier checkpoint this one copies (a rollback, :mod:`.rollback`), recorded in the
+            manifest so that the copy says where its state came from after retention drops the original.
         """
         stored_value = self._checked_value(lease, value, schema_version, extra, value_codec, encoded)
         local_files = collect_files(files, exclude=exclude, follow_symlinks=follow_symlinks)
@@ -329,6 +333,7 @@ class CheckpointStore(CheckpointReader):
             outputs_tree=outputs_tree,
             format=manifest_format(tree_ref, outputs_tree),
             code=code,
+            copy_of=copy_of,
         )
         if check is not None:
             check()

@@ -19,6 +19,7 @@ from airflow_stateful.core.records.formats import (
     check_format,
     format_1_refused,
 )
+from airflow_stateful.core.records.lineage import COPY_OF_FIELD, CopyOf
 from airflow_stateful.core.records.outputs import OutputRecord, outputs_from_json
 from airflow_stateful.core.records.trees import MAX_FILES, TreeRef
 from airflow_stateful.core.records.writer import WriterInfo
@@ -59,6 +60,8 @@ class Manifest:
     outputs_tree: TreeRef | None = None
     #: What code wrote it (:mod:`airflow_stateful.core.records.code_identity`); ``None`` when it was not recorded.
     code: CodeIdentity | None = None
+    #: The earlier checkpoint this one is a copy of (``airflow-stateful rollback``); ``None``: not a copy.
+    copy_of: CopyOf | None = None
 
     @property
     def total_size(self) -> int:
@@ -95,6 +98,8 @@ class Manifest:
             body["outputs"] = {name: record.to_json() for name, record in sorted(self.outputs.items())}
         if self.code is not None:
             body["code"] = self.code.to_json()
+        if self.copy_of is not None:
+            body[COPY_OF_FIELD] = self.copy_of.to_json()
         return body
 
     def to_bytes(self) -> bytes:
@@ -129,6 +134,8 @@ class Manifest:
         tree = f.optional_mapping("tree")
         outputs_tree = f.optional_mapping("outputs_tree")
         code = f.optional_mapping("code")
+        copy_of = f.optional_mapping(COPY_OF_FIELD)
+        seq = f.integer("seq", minimum=1)
         outputs = outputs_from_json(f.mapping("outputs", default={}), what=what)
         if bool(outputs) != (outputs_tree is not None):
             raise CheckpointCorruptError(
@@ -136,7 +143,7 @@ class Manifest:
             )
         return cls(
             identity=identity,
-            seq=f.integer("seq", minimum=1),
+            seq=seq,
             commit_id=f.hex32("commit_id"),
             epoch=f.integer("epoch"),
             schema_version=f.integer("schema_version", minimum=1),
@@ -155,4 +162,7 @@ class Manifest:
             if outputs_tree is not None
             else None,
             code=CodeIdentity.from_json(code, what=f"{what} code") if code is not None else None,
+            copy_of=CopyOf.from_json(copy_of, copy_seq=seq, what=f"{what} {COPY_OF_FIELD}")
+            if copy_of is not None
+            else None,
         )

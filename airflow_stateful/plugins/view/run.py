@@ -21,13 +21,13 @@ from airflow_stateful.core.records.identity import RUN_SCOPE, Identity, encode_s
 from airflow_stateful.core.records.integrity import HeadSigner
 from airflow_stateful.core.stores.base import CommonPrefix, ObjectStore
 from airflow_stateful.plugins.view.budget import Budget, Stop, bounded_manifest
+from airflow_stateful.plugins.view.cells import status_cells
 from airflow_stateful.plugins.view.rows import Bounds, human_age, when
 from airflow_stateful.plugins.view.task import (
     Found,
     TabView,
     named_matches,
     scope_label,
-    status_cells,
     ti_path,
 )
 

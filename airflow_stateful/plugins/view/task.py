@@ -19,14 +19,14 @@ request is bounded: the listing's object count and wall time (:class:`.rows.Boun
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
 from airflow_stateful.core.data.transfer_progress import human_bytes
 from airflow_stateful.core.fleet.catalog import HeadRead, list_identities, read_head, read_heads
-from airflow_stateful.core.fleet.status import WorkStatus, work_status
+from airflow_stateful.core.fleet.status import work_status
 from airflow_stateful.core.protocol.marks import MarkStore
 from airflow_stateful.core.records.cursors import cursor_rows, cursors_to_json, read_cursors
 from airflow_stateful.core.records.cursors import items_done as cursors_items_done
@@ -37,8 +37,9 @@ from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.timestamps import parse_iso
 from airflow_stateful.plugins.view.budget import Budget, Stop, bounded_manifest, bounded_manifests
+from airflow_stateful.plugins.view.cells import lease_cells, lease_json, lineage_cells, status_cells
 from airflow_stateful.plugins.view.chart import Chart, LeaseMarks, Point, build_chart
-from airflow_stateful.plugins.view.rows import Bounds, human_age, when
+from airflow_stateful.plugins.view.rows import Bounds, when
 
 MAX_NAMED = 50
 """Named identities of one task examined for a run."""
@@ -276,8 +277,8 @@ def _head_view(
     store, now, budget = r.store, r.now, r.budget
     default_interval = r.default_interval
     status = work_status(head, now=now, default_interval=default_interval)
-    body.update(epoch=head.epoch, status=status.to_json(), lease=_lease_json(head, now))
-    cells.update(status=status_cells(status), lease=_lease_cells(head, status, now, run_id=r.run_id))
+    body.update(epoch=head.epoch, status=status.to_json(), lease=lease_json(head, now))
+    cells.update(status=status_cells(status), lease=lease_cells(head, status, now, run_id=r.run_id))
     # How the newest try ended (Airflow's words) and what that means for how long the state is kept.
     body["outcome"] = head.outcome.to_json() if head.outcome else None
     cells["outcome"] = head.outcome.describe()[:300] if head.outcome else ""
@@ -297,6 +298,7 @@ def _head_view(
             "total_size": entry.total_size,
             "resumed": resumed,
             "pinned": entry.pinned.to_json() if entry.pinned else None,
+            "copy_of": None,
         }
         shown = {
             "seq": f"#{entry.seq}",
@@ -306,6 +308,7 @@ def _head_view(
             "bytes": human_bytes(entry.total_size),
             "resumed": resumed,
             "pin": entry.pinned.reason[:300] if entry.pinned else "",
+            **lineage_cells(None, head),
         }
         if isinstance(manifest, Manifest):
             items = items_done(manifest)
@@ -318,6 +321,7 @@ def _head_view(
                 items_done=items,
                 cursors=cursors,
                 manifest="read",
+                copy_of=manifest.copy_of.to_json() if manifest.copy_of else None,
             )
             shown.update(
                 try_="—" if writer.try_number is None else str(writer.try_number),
@@ -326,6 +330,7 @@ def _head_view(
                 cursors=cursor_cells,
                 cursor_note=cursor_error or "",
                 note="",
+                **lineage_cells(manifest.copy_of, head),
             )
             points.append(
                 Point(
@@ -394,52 +399,3 @@ def _manifests(
     for entry, read in zip(wanted, bounded_manifests(store, found.identity, wanted, budget), strict=True):
         manifests[entry.seq] = read.shown
     return manifests
-
-
-def _lease_json(head: HeadRecord, now: float) -> dict[str, Any] | None:
-    lease = head.lease
-    if lease is None:
-        return None
-    return {
-        "holder": lease.holder.to_json(),
-        "described": lease.holder.describe(),
-        "epoch": lease.epoch,
-        "acquired_at": lease.acquired_at,
-        "renewed_at": lease.last_renewed,
-        "expires_at": lease.expires_at,
-        "expired": lease.expired(now),
-        "expected_checkpoint_interval": lease.expected_interval,
-    }
-
-
-def status_cells(status: WorkStatus) -> dict[str, str]:
-    return {"name": status.status, "reason": status.reason}
-
-
-def _lease_cells(head: HeadRecord, status: WorkStatus, now: float, *, run_id: str) -> dict[str, str] | None:
-    lease = head.lease
-    if lease is None:
-        return None
-    interval = status.expected_interval or 0.0
-    declared = "declared by the holder" if lease.expected_interval is not None else "[stateful] default"
-    since = status.since_progress
-    holder = lease.holder
-    return {
-        "state": "expired" if lease.expired(now) else "held",
-        # who, without what the page says already (its run) or "Where" says (host, pod, node)
-        "by": replace(
-            holder, run_id=None if holder.run_id == run_id else holder.run_id, host=None, pod=None, node=None
-        ).describe(),
-        "where": ", ".join(
-            f"{label} {value}"
-            for label, value in (("host", holder.host), ("pod", holder.pod), ("node", holder.node))
-            if value
-        )
-        or "—",
-        "epoch": str(lease.epoch),
-        "acquired": when(lease.acquired_at),
-        "renewed": when(lease.last_renewed),
-        "until": when(lease.expires_at),
-        "interval": f"{human_age(interval)} ({declared})",
-        "since": "—" if since is None else human_age(since),
-    }
