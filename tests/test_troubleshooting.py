@@ -73,6 +73,7 @@ def test_the_page_parses_into_entries_with_exit_codes() -> None:
 
 
 @pytest.mark.s3
+@pytest.mark.parametrize("not_s3", ["html"], indirect=True)  # the empty-body 404: test_cli_setup_errors
 def test_every_checked_entry_is_what_a_real_command_prints(
     tmp_path: Path, seaweedfs_endpoint: S3Endpoint, not_s3: str
 ) -> None:
