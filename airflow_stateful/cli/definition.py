@@ -51,6 +51,9 @@ made or is incomplete (bad usage or configuration, the store could not be listed
 nothing was found stuck. Dead identities (lease expired: the writer is gone) are never stuck: they are named on
 stderr but do not change the exit code.
 
+check tries the configuration before a task does (store, conditional writes, signing, Airflow API): 0
+every check passed, 2 one failed.
+
 Output: stdout carries only the command's result (a table, or JSON with --json); progress, warnings and logs,
 Airflow's included, go to stderr. Tables show sizes for people (2.2 KiB); --bytes shows exact byte counts, and
 JSON always has them.
@@ -319,4 +322,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_lifetimes(p)
     p.set_defaults(func=lazy_command("airflow_stateful.cli.commands.fleet.cmd_du"))
+    p = sub.add_parser(
+        "check",
+        parents=[common],
+        help="try the configuration as a worker reads it: probe the store, its conditional writes, signing, API",
+        description="Read [stateful] and the connections as a worker does, then write, read back, list and "
+        "delete a probe object under ~check/ in the store, check that it refuses PutObject with If-None-Match: * "
+        "on an existing key and with a stale If-Match ETag (an endpoint that ignores them makes fencing unsafe), "
+        "check the head signing connection and, when [stateful] airflow_conn_id is set, Airflow's REST API. One "
+        "line per check: ok, FAIL (with what to fix, naming the setting), warn or skip. Exit codes: 0 nothing "
+        "failed; 2 a check failed (configuration, credentials, reachability, conditional writes).",
+    )
+    p.set_defaults(func=lazy_command("airflow_stateful.cli.commands.check.cmd_check"), opens_store=True)
     return parser

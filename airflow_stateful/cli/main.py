@@ -44,6 +44,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     try:
         if hasattr(args, "identity_required"):
             resolve_identity(args)  # a bad identity is refused before anything is opened
+        if getattr(args, "opens_store", False):
+            return int(args.func(args, None))  # `check` opens the store itself, reporting each step
         store = open_store(args)
         try:
             return func(args, store)

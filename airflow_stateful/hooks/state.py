@@ -68,6 +68,13 @@ class StateHook(BaseHook):
         self._signer: HeadSigner | None = None
         self._credential_source: str | None = None  # set by s3_options(), in words, for the store's errors
 
+    @property
+    def credential_source(self) -> str | None:
+        """Where the S3 credentials come from, in words (never a secret), once :meth:`s3_options` has run:
+        the connection, or boto3's chain because the connection holds no key or does not exist. ``None``
+        before, or without ``conn_id``. Errors and ``airflow-stateful check`` name it."""
+        return self._credential_source
+
     def s3_options(self) -> dict[str, Any]:
         """S3 store options from the ``aws`` connection (:func:`airflow_stateful.s3_connection.s3_options`: the
         amazon provider's keys, each checked), or ``{}`` to use boto3's standard credential chain when there is
