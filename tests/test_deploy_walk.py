@@ -6,8 +6,10 @@ pipefail``: a failing command fails the walk), as an operator would type them on
 * the deployment before step 1: a fresh virtualenv that sees this environment's packages (Airflow and the
   package's dependencies, through a ``.pth`` line, so nothing is fetched; ``PIP_NO_INDEX=1``) with an
   ``airflow`` script of its own, as the Airflow install would have left; ``AIRFLOW_VERSION`` set, as the official
-  image sets it; the wheel built from this checkout in ``dist/``; an Airflow database on SQLite
-  (``airflow db migrate``: an existing deployment has one);
+  image sets it; an Airflow database on SQLite (``airflow db migrate``: an existing deployment has one);
+* first the README's install block (``<!-- walk: readme install -->``), in the checkout: ``make dist`` builds
+  the wheel and the sdist (``twine check``), pip installs the wheel, ``airflow providers list`` lists it; the
+  wheel is then copied to the ``dist/`` of the deploy walk's working directory;
 * step 2 (create the bucket) is done here with boto3, since the page leaves it to the operator's own tools;
 * step 3's placeholders (``my-bucket``, ``YOUR_ACCESS_KEY_ID``, ``YOUR_SECRET_ACCESS_KEY``,
   ``http://seaweedfs:8333``) are replaced by SeaweedFS's (a real S3 server on 127.0.0.1); nothing else of any
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -37,6 +40,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.airflow]
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY_DOC = REPO / "docs" / "deploy.md"
+README = REPO / "README.md"
 BLOCK = re.compile(
     r"^<!-- walk: (?P<name>[^>]+?) -->\n```(?P<lang>bash|python)\n(?P<body>.*?)^```$", re.M | re.S
 )
@@ -44,9 +48,9 @@ PLACEHOLDERS = ("my-bucket", "YOUR_ACCESS_KEY_ID", "YOUR_SECRET_ACCESS_KEY", "ht
 STEPS = ["install", "configure", "check", "first run", "maintenance", "operate"]
 
 
-def walk_blocks() -> list[tuple[str, str, str]]:
-    """(name, language, text) of every walk block, in page order."""
-    return [(m["name"], m["lang"], m["body"]) for m in BLOCK.finditer(DEPLOY_DOC.read_text())]
+def walk_blocks(page: Path = DEPLOY_DOC) -> list[tuple[str, str, str]]:
+    """(name, language, text) of every walk block of ``page``, in page order."""
+    return [(m["name"], m["lang"], m["body"]) for m in BLOCK.finditer(page.read_text())]
 
 
 def test_the_walk_has_every_step_in_order() -> None:
@@ -60,7 +64,7 @@ def test_the_walk_has_every_step_in_order() -> None:
     configure = dict((n, body) for n, _, body in blocks)["configure"]
     assert all(p in configure for p in PLACEHOLDERS)
     assert not any(p in body for n, _, body in blocks if n != "configure" for p in PLACEHOLDERS)
-    readme = (REPO / "README.md").read_text()
+    readme = README.read_text()
     assert "```bash\nairflow-stateful check\n```" in readme, "the README lost the check step"
     assert "docs/deploy.md#from-install-to-operating-step-by-step" in readme
 
@@ -119,27 +123,27 @@ def test_the_deploy_guides_walk_runs_as_printed(tmp_path: Path, seaweedfs_endpoi
     work = tmp_path / "machine"
     (work / "dist").mkdir(parents=True)
     (tmp_path / "dags").mkdir()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "build",
-            "--wheel",
-            "--no-isolation",
-            "--outdir",
-            str(work / "dist"),
-            str(REPO),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     venv, env = _environment(tmp_path)
     migrate = subprocess.run(
         ["airflow", "db", "migrate"], env=env, cwd=work, capture_output=True, text=True, timeout=300
     )
     assert migrate.returncode == 0, migrate.stderr[-3000:]
+
+    # The README's install block, in the checkout: `make dist` builds the wheel the deploy walk installs.
+    readme_blocks = [body for name, lang, body in walk_blocks(README) if name == "readme install"]
+    assert len(readme_blocks) == 1, "README.md lost its <!-- walk: readme install --> block"
+    readme = subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + readme_blocks[0]],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert readme.returncode == 0, f"{readme.stdout[-3000:]}\n{readme.stderr[-3000:]}"
+    assert "airflow-provider-stateful" in readme.stdout and "PASSED" in readme.stdout, readme.stdout[-3000:]
+    for wheel in (REPO / "dist").glob("*.whl"):
+        shutil.copy(wheel, work / "dist")
 
     bucket = f"walk-{uuid.uuid4().hex[:12]}"  # step 2, with boto3
     seaweedfs_endpoint.client().create_bucket(Bucket=bucket)
