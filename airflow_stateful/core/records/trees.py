@@ -27,6 +27,7 @@ collecting the packs as garbage.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -73,11 +74,31 @@ def tree_key(identity: str, sha256: str, *, unique: str | None = None) -> str:
     return f"{identity}/{TREE_DIR}/{sha256}" + (f"-{unique}" if unique else "") + ".json"
 
 
+@functools.lru_cache(maxsize=256)
+def _content_shape(identity: str, folder: str, suffix: str) -> re.Pattern[str]:
+    """``<identity>/<folder>/<sha256>[-<commit id>]<suffix>``, compiled once per identity and folder rather
+    than once per chunk (a tree of 10,000 small files names 10,000 chunks); group 1 is the SHA-256."""
+    return re.compile(
+        re.escape(f"{identity}/{folder}/") + r"([0-9a-f]{64})(?:-[0-9a-f]{32})?" + re.escape(suffix)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _pack_shape(identity: str) -> re.Pattern[str]:
+    """``<identity>/~packs/<commit id>-<n>``, compiled once per identity."""
+    return re.compile(re.escape(f"{identity}/{PACK_DIR}/") + r"[0-9a-f]{32}-[0-9]{6}")
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_KEY = 2048
+"""Longest object key a tree may name (S3 allows 1,024 bytes; a local store's paths may be longer)."""
+
+
 def _content_key(f: Fields, name: str, *, identity: str, folder: str, sha256: str, suffix: str = "") -> str:
     """A key that must be ``<identity>/<folder>/<sha256>[-<commit id>]<suffix>``, for this very sha256."""
-    key = f.text(name, max_len=2048)
-    pattern = re.escape(f"{identity}/{folder}/{sha256}") + r"(-[0-9a-f]{32})?" + re.escape(suffix)
-    if not re.fullmatch(pattern, key):
+    key = f.text(name, max_len=MAX_KEY)
+    match = _content_shape(identity, folder, suffix).fullmatch(key)
+    if match is None or match.group(1) != sha256:
         raise CheckpointCorruptError(
             f"{f.what}: key {key[:200]!r} is not the {folder} object of content {sha256} in identity "
             f"{identity!r}; a checkpoint may only name its own identity's objects, by their content"
@@ -87,8 +108,8 @@ def _content_key(f: Fields, name: str, *, identity: str, folder: str, sha256: st
 
 def _pack_key(f: Fields, name: str, *, identity: str) -> str:
     """A key that must be ``<identity>/~packs/<commit id>-<n>``: a pack of this identity."""
-    key = f.text(name, max_len=2048)
-    if not re.fullmatch(re.escape(f"{identity}/{PACK_DIR}/") + r"[0-9a-f]{32}-[0-9]{6}", key):
+    key = f.text(name, max_len=MAX_KEY)
+    if not _pack_shape(identity).fullmatch(key):
         raise CheckpointCorruptError(
             f"{f.what}: pack {key[:200]!r} is not a pack of identity {identity!r}; a checkpoint may only name its "
             "own identity's objects"
@@ -174,6 +195,57 @@ class TreeFile:
         )
 
 
+def _quick_file(data: Any, *, identity: str) -> TreeFile | None:
+    """:meth:`TreeFile.from_json` for an entry in exactly the shape this library writes, with the same checks
+    (types, bounds, keys of this identity named by their content, the chunks' sizes adding up) but no
+    :class:`Fields` and no error context built per chunk; ``None`` for anything else, which the full reader then
+    accepts or refuses with an error naming the field. Either way an entry is accepted only if the full reader
+    accepts it, with the same result (tests/test_tree_parse.py holds the two readers to that)."""
+    if type(data) is not dict:
+        return None
+    path, size, chunks, mode = data.get("path"), data.get("size"), data.get("chunks"), data.get("mode")
+    if (
+        type(path) is not str
+        or len(path) > MAX_PATH
+        or "\x00" in path
+        or type(size) is not int
+        or not 0 <= size <= MAX_FILE_BYTES
+        or type(chunks) is not list
+        or len(chunks) > MAX_CHUNKS_PER_FILE
+        or (mode is not None and (type(mode) is not int or not 0 <= mode <= PERMISSION_BITS))
+    ):
+        return None
+    refs: list[ChunkRef] = []
+    total = 0
+    for c in chunks:
+        if type(c) is not dict:
+            return None
+        sha, csize, pack = c.get("sha256"), c.get("size"), c.get("pack")
+        if type(sha) is not str or not _SHA256.fullmatch(sha) or type(csize) is not int:
+            return None
+        if not 0 <= csize <= MAX_CHUNK_BYTES:
+            return None
+        if pack is not None:
+            offset = c.get("offset")
+            if type(pack) is not str or len(pack) > MAX_KEY or not _pack_shape(identity).fullmatch(pack):
+                return None
+            if type(offset) is not int or not 0 <= offset <= MAX_PACK_BYTES - csize:
+                return None
+            refs.append(ChunkRef(key=pack, sha256=sha, size=csize, offset=offset))
+        else:
+            key = c.get("key")
+            if type(key) is not str or len(key) > MAX_KEY:
+                return None
+            match = _content_shape(identity, CHUNK_DIR, "").fullmatch(key)
+            if match is None or match.group(1) != sha:
+                return None
+            refs.append(ChunkRef(key=key, sha256=sha, size=csize))
+        total += csize
+    if total != size:
+        return None
+    return TreeFile(path=path, size=size, chunks=tuple(refs), mode=mode)
+
+
 @dataclass(frozen=True)
 class Tree:
     """The files of a checkpoint (sorted by path). Immutable once written; shared by every checkpoint that
@@ -214,7 +286,8 @@ class Tree:
         fmt = f.integer("format", minimum=TREE_FORMAT, maximum=PACKED_TREE_FORMAT)
         f.equal("identity", identity)
         files = tuple(
-            TreeFile.from_json(entry, identity=identity, what=f"{what} file {n}")
+            _quick_file(entry, identity=identity)
+            or TreeFile.from_json(entry, identity=identity, what=f"{what} file {n}")
             for n, entry in enumerate(f.items("files", max_items=MAX_FILES))
         )
         tree = cls(identity=identity, files=files)

@@ -1,0 +1,135 @@
+"""The tree reader's fast path accepts exactly what the full reader accepts, with the same result (issue 32).
+
+A re-save of 10,000 small files parses the previous tree first, and the full reader (a :class:`Fields` and an
+error context per file and per chunk, a regular expression built per chunk) took about a third of that re-save.
+``_quick_file`` reads an entry of the shape this library writes with the same checks and no per-chunk set-up,
+and hands anything else to the full reader. Its only risk is accepting what the full reader refuses, or reading
+it differently: each entry here, written ones and hundreds of corrupted ones (every field of every kind of
+entry set to a wrong type, out of bounds, of another identity, of another content, removed, or with extra
+keys), goes through both readers.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import random
+from typing import Any
+
+import pytest
+
+from airflow_stateful.core.errors import CheckpointCorruptError
+from airflow_stateful.core.records import trees
+from airflow_stateful.core.records.trees import ChunkRef, Tree, TreeFile, chunk_key, pack_key
+
+IDENTITY = "etl/crunch/run=manual__1/map=-1"
+OTHER = "etl/crunch/run=manual__10/map=-1"
+
+
+def sha(n: int) -> str:
+    return hashlib.sha256(str(n).encode()).hexdigest()
+
+
+def written_entries() -> list[dict[str, Any]]:
+    """Entries as the library writes them: packed, unpacked, unique-suffixed, several chunks, empty, modes."""
+    pack = pack_key(IDENTITY, "a" * 32, 3)
+    files = [
+        TreeFile(
+            path="a.txt", size=10, chunks=(ChunkRef(key=pack, sha256=sha(1), size=10, offset=0),), mode=0o644
+        ),
+        TreeFile(
+            path="b/c.bin", size=5, chunks=(ChunkRef(key=chunk_key(IDENTITY, sha(2)), sha256=sha(2), size=5),)
+        ),
+        TreeFile(
+            path="d.bin",
+            size=7,
+            chunks=(
+                ChunkRef(key=chunk_key(IDENTITY, sha(3), unique="b" * 32), sha256=sha(3), size=3),
+                ChunkRef(key=pack, sha256=sha(4), size=4, offset=10),
+            ),
+            mode=0o755,
+        ),
+        TreeFile(path="empty", size=0, chunks=(), mode=0),
+    ]
+    return [f.to_json() for f in files]
+
+
+WRONG_VALUES: list[Any] = [
+    None, True, False, -1, 0, 1, 2**60, 1.5, "", "x", "\x00", [], {}, "a" * 5000,
+    sha(9), chunk_key(IDENTITY, sha(9)), chunk_key(OTHER, sha(1)), pack_key(OTHER, "a" * 32, 3),
+    pack_key(IDENTITY, "a" * 32, 3) + "\n", pack_key(IDENTITY, "A" * 32, 3), 0o1777, 2**40, 2**53,
+]  # fmt: skip
+
+
+def mutations(entry: dict[str, Any]) -> list[Any]:
+    """Every field of the entry and of each chunk set to every wrong value, removed, and the entry with an
+    extra key (ignored by both) or not an object at all."""
+    out: list[Any] = [None, [], "entry", 7]
+    for field in list(entry):
+        for value in WRONG_VALUES:
+            bad = copy.deepcopy(entry)
+            bad[field] = value
+            out.append(bad)
+        gone = copy.deepcopy(entry)
+        del gone[field]
+        out.append(gone)
+    for n, chunk in enumerate(entry["chunks"]):
+        for field in [*chunk, "pack", "offset", "key"]:
+            for value in WRONG_VALUES:
+                bad = copy.deepcopy(entry)
+                bad["chunks"][n][field] = value
+                out.append(bad)
+            gone = copy.deepcopy(entry)
+            gone["chunks"][n].pop(field, None)
+            out.append(gone)
+        swapped = copy.deepcopy(entry)
+        swapped["chunks"][n] = "chunk"
+        out.append(swapped)
+    extra = copy.deepcopy(entry)
+    extra["later_field"] = {"anything": 1}
+    out.append(extra)
+    return out
+
+
+def full_reader(entry: Any) -> TreeFile | None:
+    try:
+        return TreeFile.from_json(entry, identity=IDENTITY, what="tree 'k' file 0")
+    except CheckpointCorruptError:
+        return None
+
+
+@pytest.mark.parametrize("n", range(len(written_entries())))
+def test_written_entries_take_the_fast_path_with_the_full_readers_result(n: int) -> None:
+    entry = written_entries()[n]
+    quick = trees._quick_file(entry, identity=IDENTITY)
+    assert quick is not None, f"a written entry left the fast path: {entry}"
+    assert quick == full_reader(entry)
+
+
+def test_no_corrupted_entry_is_read_by_the_fast_path_unless_the_full_reader_reads_it_the_same() -> None:
+    checked = accepted = 0
+    for entry in written_entries():
+        for bad in mutations(entry):
+            quick = trees._quick_file(bad, identity=IDENTITY)
+            full = full_reader(bad)
+            if quick is not None:
+                assert quick == full, f"the fast path read {bad!r} as {quick}, the full reader as {full}"
+                accepted += 1
+            checked += 1
+    assert checked > 1000 and accepted > 0  # extra keys are accepted by both
+
+
+def test_a_whole_tree_reads_the_same_and_a_corrupt_entry_is_still_refused_by_name() -> None:
+    """Through ``Tree.from_bytes``: the written tree round-trips; a corrupted entry gets the full reader's error,
+    naming the tree, the file and the field, as before the fast path existed."""
+    files = tuple(full_reader(e) for e in written_entries())
+    assert None not in files
+    tree = Tree(identity=IDENTITY, files=files)  # type: ignore[arg-type]
+    assert Tree.from_bytes(tree.to_bytes(), key="k", identity=IDENTITY) == tree
+    rng = random.Random(32)
+    body = trees.json.loads(tree.to_bytes())
+    body["files"][2]["chunks"][1]["pack"] = pack_key(OTHER, "a" * 32, rng.randrange(10))
+    with pytest.raises(
+        CheckpointCorruptError, match=r"tree 'k' file 2 chunk 1: pack .* is not a pack of identity"
+    ):
+        Tree.from_bytes(trees.canonical_json(body), key="k", identity=IDENTITY)
