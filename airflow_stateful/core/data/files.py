@@ -14,13 +14,21 @@ from airflow_stateful.core.records.trees import MAX_PATH
 
 @dataclass(frozen=True)
 class LocalFile:
-    """A file to checkpoint: where it is now and the relative path it is restored to."""
+    """A file to checkpoint: where it is now and the relative path it is restored to.
 
-    path: Path
+    ``where`` is the file's path as text: a save of 10,000 small files only opens each one, and building a
+    :class:`~pathlib.Path` per file cost more than a tenth of such a re-save (docs/performance.md, issue 32);
+    :attr:`path` makes one for callers that want it."""
+
+    where: str
     rel: str
     size: int
     mode: int = 0o600
     """Its permission bits (``stat.S_IMODE & 0o777``), recorded in the tree and applied by a restore."""
+
+    @property
+    def path(self) -> Path:
+        return Path(self.where)
 
 
 def collect_files(
@@ -52,7 +60,11 @@ def collect_files(
     if given.is_file():
         _check_restorable(given.name, shown=str(given))
         st = given.stat()
-        return [LocalFile(path=given, rel=given.name, size=st.st_size, mode=stat.S_IMODE(st.st_mode) & 0o777)]
+        return [
+            LocalFile(
+                where=os.fspath(given), rel=given.name, size=st.st_size, mode=stat.S_IMODE(st.st_mode) & 0o777
+            )
+        ]
     if not given.is_dir():
         raise InvalidValueError(f"files={str(given)!r} is neither a regular file nor a directory.")
     root = given.resolve()
@@ -103,7 +115,7 @@ def collect_files(
                 if rel not in exclude:
                     found.append(
                         LocalFile(
-                            path=source or Path(full),
+                            where=full if source is None else os.fspath(source),
                             rel=rel,
                             size=st.st_size,
                             mode=stat.S_IMODE(st.st_mode) & 0o777,

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 from airflow_stateful.core.data.budget import ByteBudget
@@ -189,7 +190,7 @@ def upload_files(
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stateful-up") as pool:
         try:
             for local in files:
-                name = os.fspath(local.path)
+                name = local.where
                 if not os.path.isabs(name):  # a single file given by a relative path; a tree's are absolute
                     name = os.path.abspath(name)
                 inline = packs is not None and local.size < INLINE_BELOW
@@ -224,7 +225,7 @@ def upload_files(
                 mine: list[Future[str]] = []
                 sizes: list[tuple[str, int]] = []
                 try:
-                    for data in iter_chunks(local.path, local.size):
+                    for data in iter_chunks(Path(local.where), local.size):
                         if failures:
                             raise failures[0]
                         take(len(data), packed)
@@ -298,7 +299,7 @@ def _read_whole(local: LocalFile) -> tuple[bytes, FileStatus, FileStatus]:
     One open and a read or two instead of a buffered reader, a chunker and a pool task: for a tree of many
     small files this per-file machinery cost more than the bytes (docs/performance.md)."""
     try:
-        fd = os.open(local.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(local.where, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise InvalidValueError(
             f"file {local.rel!r} disappeared while the checkpoint was being saved; nothing was committed (the "
