@@ -15,7 +15,9 @@ class ByteBudget:
 
     def take(self, n: int) -> None:
         with self.cond:
-            self.cond.wait_for(lambda: self.used == 0 or self.used + n <= self.cap)
+            # Tested before waiting: a save of 10,000 small files takes 10,000 times, nearly always with room.
+            if not (self.used == 0 or self.used + n <= self.cap):
+                self.cond.wait_for(lambda: self.used == 0 or self.used + n <= self.cap)
             self.used += n
 
     def give(self, n: int) -> None:
