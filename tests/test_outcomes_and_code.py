@@ -244,5 +244,10 @@ def test_a_deploy_rollback_pins_the_newer_state_and_the_rollforward_resumes_from
     head = cs.head()
     assert head is not None and not [e for e in head.checkpoints if e.pinned], "the pin is released"
     assert older.seq in [e.seq for e in head.checkpoints], "the older code's checkpoints stay in history"
+    copy = cs.get(final.seq - 1)  # what the rollforward committed before its code ran: the pinned state
+    lineage = copy.copy_of
+    assert lineage is not None and (lineage.seq, lineage.commit_id) == (newer.seq, newer.commit_id)
+    code, out, _ = cli(capsys, backend, "history", cs.identity.key)
+    assert code == 0 and f"copy of seq {newer.seq}" in out, out
     log = "\n".join(library_log)
     assert f"resuming from pinned checkpoint {newer.seq}" in log, log[-3000:]

@@ -29,6 +29,7 @@ from airflow_stateful.core.protocol.migrations import migrate, migration_path, v
 from airflow_stateful.core.records.code_identity import ON_CODE_CHANGE, CodeIdentity
 from airflow_stateful.core.records.codecs import check_codec, decode_value
 from airflow_stateful.core.records.heads import CheckpointEntry, HeadRecord
+from airflow_stateful.core.records.lineage import CopyOf
 from airflow_stateful.core.records.manifests import Manifest
 from airflow_stateful.core.records.pins import pin_to_resume
 from airflow_stateful.core.records.writer import WriterInfo
@@ -232,6 +233,7 @@ def _resume_pinned(
         check=check,
         code=rules.code,
         unpin=[entry.commit_id],
+        copy_of=CopyOf(seq=pinned.seq, commit_id=pinned.commit_id),  # history: "copy of seq N"
     )
     newer = [e.seq for e in head.checkpoints if e.seq > entry.seq]
     log.warning(
