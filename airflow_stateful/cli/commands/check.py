@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from airflow_stateful.cli.exit_codes import EXIT_OK, EXIT_USAGE
@@ -30,6 +30,9 @@ from airflow_stateful.cli.opening import logs_to_stderr
 from airflow_stateful.core.stores.base import ObjectStore
 from airflow_stateful.core.stores.local import LocalObjectStore
 from airflow_stateful.core.stores.probe import FAIL, OK, SKIP, WARN, Finding, describe_error, probe_store
+
+if TYPE_CHECKING:
+    from airflow_stateful.hooks.state import StateHook
 
 _CHECK_DAG = "~airflow-stateful-check"
 """The DAG the Airflow API check asks about: Airflow's DAG ids cannot hold ``~``, so it never exists."""
@@ -77,7 +80,7 @@ def _checks(args: argparse.Namespace) -> list[Finding]:
     return findings
 
 
-def _settings_line(args: argparse.Namespace, hook: Any) -> str:
+def _settings_line(args: argparse.Namespace, hook: StateHook) -> str:
     backend = f"{hook.backend_url} (--backend)" if args.backend else f"{hook.backend_url}"
     conn = "(--conn-id)" if args.conn_id else ""
     return (
@@ -90,7 +93,7 @@ def _conn_setting(args: argparse.Namespace) -> str:
     return "--conn-id" if args.conn_id else "[stateful] conn_id"
 
 
-def _connection(args: argparse.Namespace, hook: Any, findings: list[Finding]) -> bool:
+def _connection(args: argparse.Namespace, hook: StateHook, findings: list[Finding]) -> bool:
     """The S3 connection, read and checked as the store will use it; ``False`` when it cannot be used."""
     from airflow_stateful.s3_connection import missing_connection_source
 
@@ -131,7 +134,7 @@ def _connection(args: argparse.Namespace, hook: Any, findings: list[Finding]) ->
     return True
 
 
-def _signing(hook: Any, findings: list[Finding]) -> bool:
+def _signing(hook: StateHook, findings: list[Finding]) -> bool:
     """The head signing policy, as every reader and writer will use it; ``False`` when it is unusable."""
     settings = hook.settings
     try:
@@ -163,31 +166,26 @@ def _signing(hook: Any, findings: list[Finding]) -> bool:
     return True
 
 
-def _probe(args: argparse.Namespace, hook: Any, findings: list[Finding], *, s3: bool) -> None:
+def _probe(args: argparse.Namespace, hook: StateHook, findings: list[Finding], *, s3: bool) -> None:
     where = "--backend" if args.backend else "[stateful] backend_url"
     try:
         store = hook.get_store()
     except Exception as exc:
         findings.append(Finding("store", FAIL, describe_error(exc), f"{where}, and the connection's extra"))
         return
-    created = isinstance(store, LocalObjectStore) and not store.exists()
+    local = store if isinstance(store, LocalObjectStore) else None
+    created = local is not None and not local.exists()
     if s3:
-        settings = (
-            f"{where} (bucket, prefix), {_conn_setting(args)} {hook.conn_id!r} (its keys, extra endpoint_url)"
-        )
+        fix = f"check {where} (bucket, prefix), {_conn_setting(args)} {hook.conn_id!r} (its keys, extra endpoint_url)"
     else:
-        settings = f"{where}: a directory this user may create and write"
-
-    def fix(check: str, exc: Exception) -> str:
-        return f"check {settings}"
-
+        fix = f"check {where}: a directory this user may create and write"
     findings.extend(probe_store(store, fix=fix))
-    if created and store.exists():
+    if local is not None and created and local.exists():
         findings.append(
             Finding(
                 "directory",
                 WARN,
-                f"{store.root} did not exist: the probe created it, as a task's first write would. Make sure "
+                f"{local.root} did not exist: the probe created it, as a task's first write would. Make sure "
                 f"{where} names the directory you meant, on a disk every worker of this machine shares",
             )
         )

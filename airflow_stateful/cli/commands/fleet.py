@@ -92,8 +92,6 @@ def cmd_stuck(args: argparse.Namespace, store: ObjectStore) -> int:
     runs it): the stuck identities on stdout (a table, or with ``--json`` the whole report: stuck, dead and
     unreadable identities, counts), a summary and the dead ones on stderr. Exit 1 when any is stuck, else 2
     when a head could not be read, else 0."""
-    if args.prefix and args.prefix_option and args.prefix != args.prefix_option:
-        raise ValueError(f"two different prefixes: {args.prefix!r} and --prefix {args.prefix_option!r}")
     reports = [
         find_stuck(store, prefix, default_interval=args.default_interval, signer=args.signer)
         for prefix in selected_prefixes(args, store)

@@ -56,21 +56,19 @@ def describe_error(exc: Exception) -> str:
     return str(exc) if isinstance(exc, StatefulError) else f"{type(exc).__name__}: {exc}"
 
 
-def probe_store(
-    store: ObjectStore, *, fix: Callable[[str, Exception], str | None] | None = None
-) -> list[Finding]:
+def probe_store(store: ObjectStore, *, fix: str | None = None) -> list[Finding]:
     """Probe ``store`` with one object under :data:`PROBE_PREFIX`; one finding per check, in order: ``reach``
     (a listing, before anything is written), ``write``, ``read``, ``list``, ``if-none-match``, ``if-match``,
     ``delete``. A failed listing or write ends the probe (nothing was stored to go on with).
 
-    :param fix: what to fix when a request raised ``exc`` during ``check`` (the caller knows the settings'
-        names: the store does not); ``None``: the error's message says it.
+    :param fix: what to fix when a request raised (the caller knows the settings' names: the store does not);
+        ``None``: the error's message says it.
     """
     key = f"{PROBE_PREFIX}probe-{uuid.uuid4().hex}"
     findings: list[Finding] = []
 
     def failed(check: str, exc: Exception) -> None:
-        findings.append(Finding(check, FAIL, describe_error(exc), fix(check, exc) if fix else None))
+        findings.append(Finding(check, FAIL, describe_error(exc), fix))
 
     def body(n: int) -> bytes:
         return f"airflow-stateful check probe {n} of {key}\n".encode()
