@@ -20,6 +20,7 @@ import pytest
 
 from airflow_stateful.core.errors import CheckpointCorruptError
 from airflow_stateful.core.records import trees
+from airflow_stateful.core.records.canonical import canonical_json
 from airflow_stateful.core.records.trees import ChunkRef, Tree, TreeFile, chunk_key, pack_key
 
 IDENTITY = "etl/crunch/run=manual__1/map=-1"
@@ -132,4 +133,49 @@ def test_a_whole_tree_reads_the_same_and_a_corrupt_entry_is_still_refused_by_nam
     with pytest.raises(
         CheckpointCorruptError, match=r"tree 'k' file 2 chunk 1: pack .* is not a pack of identity"
     ):
-        Tree.from_bytes(trees.canonical_json(body), key="k", identity=IDENTITY)
+        Tree.from_bytes(canonical_json(body), key="k", identity=IDENTITY)
+
+
+def test_a_tree_is_written_as_canonical_json_and_an_index_entry_keeps_its_text() -> None:
+    """``Tree.to_bytes`` joins each entry's cached text instead of encoding the tree whole (issue 32): the bytes
+    must stay exactly ``canonical_json`` of the tree, which names the tree and decides whether a re-save's tree
+    is the one already kept, for every kind of entry and for paths and identities that need escaping."""
+    rng = random.Random(7)
+    awkward = [
+        'q"uote',
+        "back\\slash",
+        "tab\tnew\nline",
+        "ünïcödé/файл",
+        "emoji 🙂",
+        "ctl\x01\x1f",
+        "/",
+        "é" * 40,
+    ]
+    for identity in (IDENTITY, 'id"with/quote\\s', "ünï/côdé"):
+        pack = pack_key(identity, "c" * 32, 1)
+        files = []
+        for n in range(200):
+            chunks = []
+            for m in range(rng.randrange(0, 4)):
+                size = rng.randrange(0, 5000)
+                if rng.random() < 0.5:
+                    chunks.append(
+                        ChunkRef(key=pack, sha256=sha(n * 10 + m), size=size, offset=rng.randrange(10**6))
+                    )
+                else:
+                    chunks.append(
+                        ChunkRef(key=chunk_key(identity, sha(n * 10 + m)), sha256=sha(n * 10 + m), size=size)
+                    )
+            path = f"{rng.choice(awkward)}/{n}"
+            mode = rng.choice([None, 0, 0o644, 0o755, 0o777])
+            files.append(
+                TreeFile(path=path, size=sum(c.size for c in chunks), chunks=tuple(chunks), mode=mode)
+            )
+        tree = Tree(identity=identity, files=tuple(files))
+        expected = canonical_json(tree.to_json()) + b"\n"
+        assert tree.to_bytes() == expected
+        assert tree.to_bytes() == expected, "the second encoding, from the cached entries, is the same"
+        again = Tree(identity=identity, files=tuple(files[:100]) + tuple(files[100:]))
+        assert again.to_bytes() == expected, "entries taken into a new tree keep their text"
+        for entry in files:
+            assert entry.encoded() == canonical_json(entry.to_json()).decode()

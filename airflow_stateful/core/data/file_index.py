@@ -21,21 +21,25 @@ Why it is safe:
   every file once.
 
 The index is kept for the files of the latest save only, so its size is that of one checkpoint's file list.
+It holds each file's tree entry itself (:class:`~airflow_stateful.core.records.trees.TreeFile`): a re-save takes
+that very object into the new tree, with its encoding already made, and builds nothing per unchanged file.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from typing import NamedTuple
+
+from airflow_stateful.core.records.trees import TreeFile
 
 RACY_SECONDS = 2.0
 """A file modified this recently before it was hashed is hashed again next time (see the module doc)."""
 
 
-@dataclass(frozen=True)
-class FileStatus:
-    """What must be the same for a file to be taken as unchanged."""
+class FileStatus(NamedTuple):
+    """What must be the same for a file to be taken as unchanged. A tuple, so that making one per file and
+    comparing two cost what a tuple does (a save of 10,000 small files makes and compares 10,000 of them)."""
 
     device: int
     inode: int
@@ -45,13 +49,7 @@ class FileStatus:
 
     @classmethod
     def of(cls, st: os.stat_result) -> FileStatus:
-        return cls(
-            device=st.st_dev,
-            inode=st.st_ino,
-            size=st.st_size,
-            mtime_ns=st.st_mtime_ns,
-            ctime_ns=st.st_ctime_ns,
-        )
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
     def settled_before(self, started_ns: int) -> bool:
         """Both times lie well before ``started_ns`` (wall clock): not racily clean."""
@@ -59,28 +57,26 @@ class FileStatus:
         return self.mtime_ns < limit and self.ctime_ns < limit
 
 
-Pieces = tuple[tuple[str, int], ...]
-"""A file's chunks as ``(sha256, size)``, in order."""
-
-
 class FileIndex:
-    """The status and chunks of the files one writer saved last. Thread-safe; see the module doc."""
+    """The status and tree entry of the files one writer saved last. Thread-safe; see the module doc.
+
+    Keys are the files' absolute paths as read; the tree entry names the file's path in the checkpoint and its
+    chunks, which the caller must still find in the tree it deduplicates against before taking them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[str, tuple[FileStatus, Pieces]] = {}
-        self._next: dict[str, tuple[FileStatus, Pieces]] = {}
+        self._entries: dict[str, tuple[FileStatus, TreeFile]] = {}
+        self._next: dict[str, tuple[FileStatus, TreeFile]] = {}
 
-    def lookup(self, path: str, status: FileStatus) -> Pieces | None:
-        """The chunks of ``path`` if it was saved with exactly this status, else ``None``."""
-        with self._lock:
-            entry = self._entries.get(path)
+    def lookup(self, path: str, status: FileStatus) -> TreeFile | None:
+        """The tree entry of ``path`` if it was saved with exactly this status, else ``None``."""
+        entry = self._entries.get(path)  # one dict read is atomic; only publish() replaces the dict
         if entry is None or entry[0] != status:
             return None
         return entry[1]
 
     def stage(
-        self, path: str, before: FileStatus, after: FileStatus, pieces: Pieces, started_ns: int
+        self, path: str, before: FileStatus, after: FileStatus, entry: TreeFile, started_ns: int
     ) -> None:
         """Note what the save in progress found for ``path`` (``started_ns``: ``time.time_ns()`` before it was
         read; file times are wall-clock times); kept only if the file was settled and did not change while it
@@ -88,12 +84,12 @@ class FileIndex:
         if before != after or not before.settled_before(started_ns):
             return
         with self._lock:
-            self._next[path] = (before, pieces)
+            self._next[path] = (before, entry)
 
-    def keep(self, path: str, status: FileStatus, pieces: Pieces) -> None:
+    def keep(self, path: str, status: FileStatus, entry: TreeFile) -> None:
         """The save in progress took ``path`` from the index (:meth:`lookup`): it stays known."""
         with self._lock:
-            self._next[path] = (status, pieces)
+            self._next[path] = (status, entry)
 
     def publish(self) -> None:
         """The save succeeded: what it staged becomes the index (files no longer saved are forgotten)."""

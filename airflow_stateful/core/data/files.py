@@ -8,6 +8,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from airflow_stateful.core.data.file_index import FileStatus
 from airflow_stateful.core.errors import CheckpointCorruptError, InvalidValueError
 from airflow_stateful.core.records.trees import MAX_PATH
 
@@ -25,6 +26,9 @@ class LocalFile:
     size: int
     mode: int = 0o600
     """Its permission bits (``stat.S_IMODE & 0o777``), recorded in the tree and applied by a restore."""
+    status: FileStatus | None = None
+    """Its status as the listing saw it, before anything read it: what the writer's file index compares
+    (:mod:`~airflow_stateful.core.data.file_index`), so a re-save stats each file once, not twice."""
 
     @property
     def path(self) -> Path:
@@ -62,7 +66,11 @@ def collect_files(
         st = given.stat()
         return [
             LocalFile(
-                where=os.fspath(given), rel=given.name, size=st.st_size, mode=stat.S_IMODE(st.st_mode) & 0o777
+                where=os.fspath(given),
+                rel=given.name,
+                size=st.st_size,
+                mode=stat.S_IMODE(st.st_mode) & 0o777,
+                status=FileStatus.of(st),
             )
         ]
     if not given.is_dir():
@@ -70,34 +78,34 @@ def collect_files(
     root = given.resolve()
     found: list[LocalFile] = []
     visited = {root}
-
-    def unreadable(error: OSError) -> None:
-        raise error  # os.walk skips a directory it cannot list unless told: never save part of a tree silently
-
+    # One scandir per directory, its entries' types from the listing and one lstat per file (the entry's own,
+    # kept for the file index): a tree of 10,000 small files spent more listing itself than reading its bytes
+    # (docs/performance.md, issue 32).
+    pending: list[tuple[str, str]] = [(os.fspath(root), "")]
     try:
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_symlinks, onerror=unreadable):
-            here = Path(dirpath)
-            for name in sorted(dirnames):
-                path = here / name
-                if path.is_symlink():
-                    target = _link_target(path, root=root, given=given, follow=follow_symlinks)
-                    if target in visited:
-                        raise InvalidValueError(
-                            f"{_shown(path, root, given)!r} links back to a directory already saved (a loop); "
-                            "remove the link."
-                        )
-                    visited.add(target)
-            # Strings and one lstat per file, not Path objects and three stats: a tree of 10,000 small files
-            # spent more here than reading them (docs/performance.md, issue 32).
-            below = here.relative_to(root).as_posix()
-            prefix = "" if below == "." else f"{below}/"
-            for name in filenames:
-                full = os.path.join(dirpath, name)
+        while pending:
+            directory, prefix = pending.pop()
+            with os.scandir(directory) as listing:
+                entries = list(listing)
+            for entry in entries:
+                full = entry.path
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((full, prefix + entry.name + "/"))
+                    continue
                 source: Path | None = None
                 try:
-                    st = os.lstat(full)
+                    st = entry.stat(follow_symlinks=False)
                     if stat.S_ISLNK(st.st_mode):
                         source = _link_target(Path(full), root=root, given=given, follow=follow_symlinks)
+                        if source.is_dir():
+                            if source in visited:
+                                raise InvalidValueError(
+                                    f"{_shown(Path(full), root, given)!r} links back to a directory already "
+                                    "saved (a loop); remove the link."
+                                )
+                            visited.add(source)
+                            pending.append((full, prefix + entry.name + "/"))
+                            continue
                         st = source.stat()
                 except FileNotFoundError:
                     raise InvalidValueError(
@@ -109,16 +117,18 @@ def collect_files(
                         f"{_shown(Path(full), root, given)!r} is not a regular file (pipe, socket or device); move "
                         f"it out of {str(given)!r}."
                     )
-                rel = prefix + name
-                if path_problem(rel) is not None:
+                rel = prefix + entry.name
+                if not (rel.isascii() and "\\" not in rel and len(rel) <= MAX_PATH) and path_problem(rel):
+                    # A listed name is never empty, ".", ".." or holds "/": only these can be wrong with it.
                     _check_restorable(rel, shown=_shown(Path(full), root, given))
                 if rel not in exclude:
                     found.append(
                         LocalFile(
-                            where=full if source is None else os.fspath(source),
-                            rel=rel,
-                            size=st.st_size,
-                            mode=stat.S_IMODE(st.st_mode) & 0o777,
+                            full if source is None else os.fspath(source),
+                            rel,
+                            st.st_size,
+                            stat.S_IMODE(st.st_mode) & 0o777,
+                            FileStatus(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns),
                         )
                     )
     except OSError as error:

@@ -181,8 +181,9 @@ def upload_files(
             if held:
                 give(held, packed)
 
-    # Per file: its chunks' futures (each gives the chunk's SHA-256) and sizes, and what the index needs.
-    layouts: list[tuple[LocalFile, list[Future[str]] | None, list[tuple[str, int]]]] = []
+    # Per file: its tree entry when the index gave it, else its chunks' futures (each gives the chunk's
+    # SHA-256) and sizes; and what the index needs.
+    layouts: list[TreeFile | tuple[LocalFile, list[Future[str]] | None, list[tuple[str, int]]]] = []
     staged: list[tuple[str, FileStatus, FileStatus, int, int]] = []  # name, before, after, started, layout
     futures: list[Future[str]] = []
     # Without a file this writer saved before, there is nothing to look up: no file is stat()ed for it.
@@ -194,14 +195,18 @@ def upload_files(
                 if not os.path.isabs(name):  # a single file given by a relative path; a tree's are absolute
                     name = os.path.abspath(name)
                 inline = packs is not None and local.size < INLINE_BELOW
-                status = _status(name) if indexed or (index is not None and not inline) else None
-                if index is not None and status is not None:
-                    remembered = index.lookup(name, status)
-                    if remembered is not None and all(sha in placed for sha, _ in remembered):
-                        index.keep(name, status, remembered)
-                        layouts.append((local, None, list(remembered)))
-                        reused[0] += len(remembered)
-                        reused[1] += sum(size for _, size in remembered)
+                status = None
+                if indexed or (index is not None and not inline):
+                    # The status the listing saw (before any reading), else a stat of our own.
+                    status = local.status if local.status is not None else _status(name)
+                if indexed and status is not None:
+                    assert index is not None
+                    entry = index.lookup(name, status)
+                    if entry is not None and _still_held(entry, local, placed):
+                        index.keep(name, status, entry)
+                        layouts.append(entry)
+                        reused[0] += len(entry.chunks)
+                        reused[1] += entry.size
                         if progress:
                             progress(local.size)
                         continue
@@ -265,25 +270,22 @@ def upload_files(
             if index is not None:
                 index.discard()
             raise
-    resolved = [
-        (
-            local,
-            [(f.result(), size) for f, (_, size) in zip(mine, sizes, strict=True)]
-            if mine is not None
-            else sizes,
+    tree_files: list[TreeFile] = []
+    for item in layouts:
+        if isinstance(item, TreeFile):
+            tree_files.append(item)
+            continue
+        local, hashing, sizes = item
+        shas = [f.result() for f in hashing] if hashing is not None else [sha for sha, _ in sizes]
+        tree_files.append(
+            TreeFile(
+                path=local.rel, size=local.size, chunks=tuple([placed[sha] for sha in shas]), mode=local.mode
+            )
         )
-        for local, mine, sizes in layouts
-    ]
     if index is not None:
         for name, before, after, started, n in staged:
-            index.stage(name, before, after, tuple(resolved[n][1]), started)
+            index.stage(name, before, after, tree_files[n], started)
         index.publish()
-    tree_files = [
-        TreeFile(
-            path=local.rel, size=local.size, chunks=tuple(placed[sha] for sha, _ in pieces), mode=local.mode
-        )
-        for local, pieces in resolved
-    ]
     return UploadResult(
         files=tree_files,
         chunks_sent=sent[0],
@@ -291,6 +293,19 @@ def upload_files(
         chunks_reused=reused[0],
         bytes_reused=reused[1],
     )
+
+
+def _still_held(entry: TreeFile, local: LocalFile, placed: dict[str, ChunkRef]) -> bool:
+    """Whether the index's ``entry`` for ``local`` may go into the new tree as it is: it records the file under
+    the same path and mode, and every chunk it names is, as named, in the tree the save deduplicates against
+    (so kept by the identity; a chunk of a commit that failed, or of a checkpoint since dropped, is not)."""
+    if entry.path != local.rel or entry.mode != local.mode or entry.size != local.size:
+        return False
+    for chunk in entry.chunks:
+        held = placed.get(chunk.sha256)
+        if held is not chunk and held != chunk:
+            return False
+    return True
 
 
 def _read_whole(local: LocalFile) -> tuple[bytes, FileStatus, FileStatus]:
