@@ -465,3 +465,37 @@ def test_the_release_before_packs_refuses_a_packed_checkpoint_and_its_gc_deletes
     out = tmp_path / "out"
     CheckpointStore(store=store, identity=IDENTITY).restore_files(cs.latest(), out)  # type: ignore[arg-type]
     assert digest_tree(out) == digest_tree(src)
+
+
+def test_the_release_before_packs_reads_a_tree_that_records_file_statuses(
+    before_packs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tree entries now record each settled file's status (``status``, issue 32) without a format change: a
+    checkpoint of large files only is still format 2, and the release before packs restores it byte for byte,
+    ignoring the field, and its GC keeps every chunk the kept checkpoint needs."""
+    import time
+
+    from airflow_stateful.core.data import file_index
+
+    monkeypatch.setattr(file_index, "RACY_SECONDS", 0.05)
+    root, work = tmp_path / "state", tmp_path / "work"
+    src = work / "big"
+    (src / "nested").mkdir(parents=True)
+    (src / "weights.bin").write_bytes(os.urandom(1_500_000))
+    (src / "nested" / "optimizer.bin").write_bytes(os.urandom(1_200_000))
+    time.sleep(0.1)  # settled: the save records both statuses
+    store = LocalObjectStore(root=root)
+    cs = CheckpointStore(store=store, identity=IDENTITY, keep_last=1)
+    lease = cs.acquire()
+    manifest = cs.commit(lease, {"step": 1}, files=src)
+    cs.release(lease)
+    tree = cs.tree(manifest)
+    assert manifest.format == PLAIN_FORMAT and tree is not None
+    assert all(f.seen is not None for f in tree.files), "the statuses are in the tree the old release reads"
+    before = snapshot(store)
+    read = run_before_packs(before_packs, "read", root, work)
+    assert read == {"read": "read", "value": {"step": 1}}, read
+    assert digest_tree(work / "old-restore") == digest_tree(src)
+    gc = run_before_packs(before_packs, "gc", root, work)
+    assert gc["gc"] == "ran" and not [k for k in gc["deleted"] if "/~chunks/" in k or "/~trees/" in k], gc
+    assert {k for k in snapshot(store) if "/~chunks/" in k} == {k for k in before if "/~chunks/" in k}

@@ -132,8 +132,14 @@ if hwm_reset:
         if line.startswith("VmHWM:"):
             hwm = int(line.split()[1]) * 1024
 
-# The same file again: every chunk is already kept, so nothing is uploaded.
+# The same files again: every chunk is already kept, so nothing is uploaded. Once the files have settled
+# (file_index.RACY_SECONDS) the tree also records their status; a third save of the same files is then the
+# very same tree.
+from airflow_stateful.core.data import file_index
+newest = max(p.stat().st_mtime for p in src.rglob("*") if p.is_file())
+time.sleep(max(0.0, newest + file_index.RACY_SECONDS + 0.2 - time.time()))
 again = cs.commit(lease, {"shape": shape, "again": True}, files=src)
+third = cs.commit(lease, {"shape": shape, "again": 2}, files=src)
 
 # A second round trip under tracemalloc (which perturbs RSS, hence not during the first): the peak of
 # live Python allocations, i.e. the library's own buffers, independent of the allocator. It goes to a new
@@ -162,7 +168,10 @@ print(json.dumps({
     "expected_sha256": expected,
     "restored_sha256": sha256_of(work / "dest"),
     "recorded_size": sum(f.size for f in cs.files(manifest)),
-    "again_same_tree": again.tree == manifest.tree,
+    "again_same_files": [(f.path, f.size, f.chunks, f.mode) for f in cs.content.tree(again).files]
+    == [(f.path, f.size, f.chunks, f.mode) for f in cs.content.tree(manifest).files],
+    "again_all_seen": all(f.seen is not None for f in cs.content.tree(again).files),
+    "third_same_tree": third.tree == again.tree,
     "chunk_objects": len([o for o in store.list_objects("") if "/~chunks/" in o.key]),
     "pack_objects": len([o for o in store.list_objects("") if "/~packs/" in o.key]),
     "second_sha256": sha256_of(work / "dest2"),
@@ -203,8 +212,11 @@ def check(result: dict[str, Any]) -> None:
     assert result["restored_sha256"] == result["expected_sha256"]
     assert result["recorded_size"] == total
     assert result["second_sha256"] == result["expected_sha256"]
-    # Saving the same tree again references the same chunks and tree; only the traced identity adds objects.
-    assert result["again_same_tree"]
+    # Saving the same files again references the same chunks (only the traced identity adds objects); its tree
+    # adds the settled files' status, and a third save of the same files is the very same tree.
+    assert result["again_same_files"]
+    assert result["again_all_seen"]
+    assert result["third_same_tree"]
     if big:  # a large file's chunks are objects of their own, never packed
         assert result["chunk_objects"] <= 2 * math.ceil(FILE_SIZE / MIN_CHUNK)
         assert result["pack_objects"] == 0

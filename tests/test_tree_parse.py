@@ -51,6 +51,13 @@ def written_entries() -> list[dict[str, Any]]:
             mode=0o755,
         ),
         TreeFile(path="empty", size=0, chunks=(), mode=0),
+        TreeFile(
+            path="seen.bin",
+            size=4,
+            chunks=(ChunkRef(key=pack, sha256=sha(5), size=4, offset=14),),
+            mode=0o600,
+            seen=(2049, 1234567, 1733561000123456789, -5),
+        ),
     ]
     return [f.to_json() for f in files]
 
@@ -59,6 +66,8 @@ WRONG_VALUES: list[Any] = [
     None, True, False, -1, 0, 1, 2**60, 1.5, "", "x", "\x00", [], {}, "a" * 5000,
     sha(9), chunk_key(IDENTITY, sha(9)), chunk_key(OTHER, sha(1)), pack_key(OTHER, "a" * 32, 3),
     pack_key(IDENTITY, "a" * 32, 3) + "\n", pack_key(IDENTITY, "A" * 32, 3), 0o1777, 2**40, 2**53,
+    [1, 2, 3], [1, 2, 3, 4, 5], [1, 2, 3, True], [1, 2, 3, "4"], [1, 2, 3, 4.0], [-1, 2, 3, 4], [1, 2**64, 3, 4],
+    [1, 2, 2**63, 4], [1, 2, 3, -(2**63) - 1], [None, 2, 3, 4], [1, 2, 3, 4],
 ]  # fmt: skip
 
 
@@ -168,8 +177,13 @@ def test_a_tree_is_written_as_canonical_json_and_an_index_entry_keeps_its_text()
                     )
             path = f"{rng.choice(awkward)}/{n}"
             mode = rng.choice([None, 0, 0o644, 0o755, 0o777])
+            seen = rng.choice(
+                [None, (rng.randrange(2**64), rng.randrange(2**64), rng.randrange(-(2**63), 2**63), 0)]
+            )
             files.append(
-                TreeFile(path=path, size=sum(c.size for c in chunks), chunks=tuple(chunks), mode=mode)
+                TreeFile(
+                    path=path, size=sum(c.size for c in chunks), chunks=tuple(chunks), mode=mode, seen=seen
+                )
             )
         tree = Tree(identity=identity, files=tuple(files))
         expected = canonical_json(tree.to_json()) + b"\n"

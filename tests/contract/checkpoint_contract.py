@@ -425,9 +425,9 @@ class CheckpointStoreContract:
             read.append(Path(path).name)
             return real(path, size)
 
-        def spy_whole(local: Any) -> Any:
+        def spy_whole(local: Any, status: Any) -> Any:
             read.append(Path(local.path).name)
-            return real_whole(local)
+            return real_whole(local, status)
 
         monkeypatch.setattr(transfer, "iter_chunks", spy)
         monkeypatch.setattr(transfer, "_read_whole", spy_whole)
@@ -499,6 +499,84 @@ class CheckpointStoreContract:
         cs.commit(lease, {"step": 2}, files=src)
         assert reads == ["fresh.bin", "fresh.bin"]
         assert len(cs.file_index) == 0
+
+    def test_a_new_writer_reads_only_the_files_whose_recorded_status_changed(
+        self, store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A retry in a new process (nothing in memory) trusts the status the previous tree recorded for each
+        settled file, as restic trusts its parent snapshot: it reads the rewritten file only, and the checkpoint
+        restores every file's current bytes."""
+        from airflow_stateful.core.data import file_index
+
+        monkeypatch.setattr(file_index, "RACY_SECONDS", 0.05)
+        src = tree(tmp_path / "src", {"a.bin": b"a" * 5000, "d/b.bin": b"b" * 7000, "c.bin": b"c" * 300})
+        time.sleep(0.1)
+        reads = self._reads(monkeypatch)
+        first = make(store)
+        first.commit(first.acquire(), {"step": 1}, files=src)
+        assert sorted(reads) == ["a.bin", "b.bin", "c.bin"]
+        recorded = first.content.tree(first.latest())
+        assert recorded is not None and all(f.seen is not None for f in recorded.files)
+
+        (src / "d" / "b.bin").write_bytes(b"B" * 7000)  # the same size
+        time.sleep(0.1)
+        reads.clear()
+        retry = make(store)
+        latest = retry.commit(retry.acquire(steal=True), {"step": 2}, files=src)
+        assert reads == ["b.bin"]
+        out = tmp_path / "out"
+        retry.restore_files(latest, out)
+        assert read_tree(out) == {"a.bin": b"a" * 5000, "d/b.bin": b"B" * 7000, "c.bin": b"c" * 300}
+
+    def test_a_new_writer_reads_a_file_whose_status_moved_however_little(
+        self, store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """What a recorded status can never vouch for: a file rewritten with its old mtime put back (its change
+        time moves), a file replaced by a rename with the same size and mtime (another inode), the same files
+        restored into another directory (all new statuses), and files still settling when they were saved (no
+        status recorded). Each is read, and the checkpoint holds the new bytes."""
+        from airflow_stateful.core.data import file_index
+
+        monkeypatch.setattr(file_index, "RACY_SECONDS", 0.05)
+        src = tree(
+            tmp_path / "src", {"touched.bin": b"old!" * 100, "renamed.bin": b"old?" * 100, "same": b"s"}
+        )
+        old = {name: (src / name).stat() for name in ("touched.bin", "renamed.bin")}
+        time.sleep(0.1)
+        first = make(store)
+        first.commit(first.acquire(), {"step": 1}, files=src)
+        time.sleep(0.05)
+        (src / "touched.bin").write_bytes(b"new!" * 100)
+        os.utime(src / "touched.bin", ns=(old["touched.bin"].st_atime_ns, old["touched.bin"].st_mtime_ns))
+        (tmp_path / "next.bin").write_bytes(b"new?" * 100)
+        os.utime(tmp_path / "next.bin", ns=(old["renamed.bin"].st_atime_ns, old["renamed.bin"].st_mtime_ns))
+        os.replace(tmp_path / "next.bin", src / "renamed.bin")
+        time.sleep(0.1)
+        reads = self._reads(monkeypatch)
+        retry = make(store)
+        lease = retry.acquire(steal=True)
+        latest = retry.commit(lease, {"step": 2}, files=src)
+        assert sorted(reads) == ["renamed.bin", "touched.bin"]
+        out = tmp_path / "out"
+        retry.restore_files(latest, out)
+        assert read_tree(out) == {"touched.bin": b"new!" * 100, "renamed.bin": b"new?" * 100, "same": b"s"}
+
+        time.sleep(0.1)
+        reads.clear()
+        again = make(store)
+        again.commit(again.acquire(steal=True), {"step": 3}, files=out)  # the same bytes, other files
+        assert sorted(reads) == ["renamed.bin", "same", "touched.bin"]
+
+        monkeypatch.setattr(file_index, "RACY_SECONDS", 3600.0)  # every file is still settling
+        settling_dir = tree(tmp_path / "settling", {"x.bin": b"x" * 10, "y.bin": b"y" * 20})
+        fresh = make(store)
+        settling = fresh.commit(fresh.acquire(steal=True), {"step": 4}, files=settling_dir)
+        recorded = fresh.content.tree(settling)
+        assert recorded is not None and [f.seen for f in recorded.files] == [None, None]
+        reads.clear()
+        last = make(store)
+        last.commit(last.acquire(steal=True), {"step": 5}, files=settling_dir)
+        assert sorted(reads) == ["x.bin", "y.bin"]
 
     def test_the_index_never_vouches_for_chunks_the_identity_no_longer_holds(
         self, store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -196,6 +196,7 @@ class ContentStore:
             progress=progress,
             index=self.file_index,
             remember=self._remember(total),
+            prior={f.path: f for f in before.files} if before is not None else None,
         )
         if progress:
             progress.finish()

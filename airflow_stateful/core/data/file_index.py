@@ -16,9 +16,18 @@ Why it is safe:
   of the moment it was hashed could change again without its times moving. A file is remembered only if
   both its times are older than :data:`RACY_SECONDS` before the hashing started (coarse file systems stamp
   to the second or two), and its status after reading equals its status before;
-* the index lives in the writer's memory only (never in the store, never on disk), so it cannot be forged
-  by whoever can write the bucket or the worker's temp dir, and it dies with the process: a retry hashes
-  every file once.
+* the index lives in the writer's memory only (never on disk), so whoever can write the worker's temp dir
+  cannot forge it, and it dies with the process.
+
+A new process (a retry, a restarted pod) has no index. For it, the tree records the status of each file that
+was remembered (``TreeFile.seen``), and the save trusts the tree it deduplicates against the same way: a file
+whose device, inode, size and both times equal those its entry recorded is taken as it is, as restic takes a
+file from its parent snapshot. The same rules make that safe (the status is recorded only under the settled
+rule above, and the change time cannot be set back), and it trusts the bucket no further than a restore does:
+the tree is the one the checkpoint names, verified by its SHA-256 (and the head's signature, with a signer),
+and whoever could forge it could forge the checkpoint's files themselves. A status recorded on another machine
+names another device and inode, or another change time to the nanosecond, so it matches nothing there; files
+put back by a restore are new files with new statuses, so the save after a restore reads them once.
 
 The index is kept for the files of the latest save only, so its size is that of one checkpoint's file list.
 It holds each file's tree entry itself (:class:`~airflow_stateful.core.records.trees.TreeFile`): a re-save takes

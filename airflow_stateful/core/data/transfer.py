@@ -17,7 +17,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +70,7 @@ def upload_files(
     index: FileIndex | None = None,
     remember: Callable[[ChunkRef, bytes], None] | None = None,
     pack: bool = True,
+    prior: Mapping[str, TreeFile] | None = None,
 ) -> UploadResult:
     """Cut, hash and upload the chunks of ``files`` that ``known`` (sha256 -> chunk the identity keeps) lacks.
 
@@ -77,7 +78,11 @@ def upload_files(
     deleting right now) is never adopted: it is written again under a name of this commit's own.
     ``check`` runs before each upload (a writer that lost its lease stops here, before sending more).
     ``index``: the writer's :class:`~airflow_stateful.core.data.file_index.FileIndex`; a file whose status it
-    knows, all of whose chunks are in ``known``, is not read at all. Updated when the upload succeeds.
+    knows, all of whose chunks are in ``known``, is not read at all. Updated when the upload succeeds. With an
+    index, each file that settled before it was read and did not change while read gets its status recorded in
+    its tree entry (``seen``), and ``prior`` (the entries of the tree ``known`` comes from, by path) is trusted
+    the same way: a file whose status and size equal its entry's ``seen`` is not read either, whichever process
+    saved it (what restic does with its parent snapshot; docs/adr/0006-packs.md).
     ``remember`` sees each chunk uploaded, with its bytes (the worker's restore cache): it must not raise.
     ``pack``: put files below :data:`~airflow_stateful.core.data.packs.PACK_BELOW` into packs (format 5); off,
     every chunk is an object of its own (what releases before format 5 read).
@@ -135,26 +140,31 @@ def upload_files(
         held = size  # given back here, unless the pack now holds them
         try:
             sha = hashlib.sha256(data).hexdigest()
-            with lock:
-                if sha in claimed:
-                    reused[0] += 1
-                    reused[1] += size
-                    return sha
-                claimed.add(sha)
             if packed:
                 assert packs is not None
-                ref, sealed = packs.add(sha, data)
-                held = 0
-                with lock:
+                with lock:  # one lock section per packed chunk: claimed, appended and placed at once
+                    if sha in claimed:
+                        reused[0] += 1
+                        reused[1] += size
+                        return sha
+                    claimed.add(sha)
+                    ref, sealed = packs.add(sha, data)
                     placed[sha] = ref
                     sent[0] += 1
                     sent[1] += size
+                held = 0
                 seal(sealed)
                 if remember is not None:
                     remember(ref, data)
                 if progress:
                     progress(size)
                 return sha
+            with lock:
+                if sha in claimed:
+                    reused[0] += 1
+                    reused[1] += size
+                    return sha
+                claimed.add(sha)
             if check is not None:
                 check()
             key = chunk_key(identity, sha)
@@ -196,12 +206,15 @@ def upload_files(
                     name = os.path.abspath(name)
                 inline = packs is not None and local.size < INLINE_BELOW
                 status = None
-                if indexed or (index is not None and not inline):
+                if index is not None:
                     # The status the listing saw (before any reading), else a stat of our own.
                     status = local.status if local.status is not None else _status(name)
-                if indexed and status is not None:
-                    assert index is not None
-                    entry = index.lookup(name, status)
+                if index is not None and status is not None:
+                    entry = index.lookup(name, status) if indexed else None
+                    if entry is None and prior is not None:
+                        entry = prior.get(local.rel)
+                        if entry is not None and (entry.seen is None or not _seen_as(entry, status)):
+                            entry = None
                     if entry is not None and _still_held(entry, local, placed):
                         index.keep(name, status, entry)
                         layouts.append(entry)
@@ -214,7 +227,7 @@ def upload_files(
                 if inline:
                     if failures:
                         raise failures[0]
-                    data, before, settled = _read_whole(local)
+                    data, before, settled = _read_whole(local, status)
                     pieces: list[tuple[str, int]] = []
                     if data:
                         take(len(data), True)
@@ -270,8 +283,14 @@ def upload_files(
             if index is not None:
                 index.discard()
             raise
+    # The files whose status can be recorded: settled before they were read and unchanged while read.
+    seen = {
+        n: (before.device, before.inode, before.mtime_ns, before.ctime_ns)
+        for _, before, after, started, n in staged
+        if before == after and before.settled_before(started)
+    }
     tree_files: list[TreeFile] = []
-    for item in layouts:
+    for n, item in enumerate(layouts):
         if isinstance(item, TreeFile):
             tree_files.append(item)
             continue
@@ -279,7 +298,11 @@ def upload_files(
         shas = [f.result() for f in hashing] if hashing is not None else [sha for sha, _ in sizes]
         tree_files.append(
             TreeFile(
-                path=local.rel, size=local.size, chunks=tuple([placed[sha] for sha in shas]), mode=local.mode
+                path=local.rel,
+                size=local.size,
+                chunks=tuple([placed[sha] for sha in shas]),
+                mode=local.mode,
+                seen=seen.get(n),
             )
         )
     if index is not None:
@@ -292,6 +315,17 @@ def upload_files(
         bytes_sent=sent[1],
         chunks_reused=reused[0],
         bytes_reused=reused[1],
+    )
+
+
+def _seen_as(entry: TreeFile, status: FileStatus) -> bool:
+    """Whether the file of ``status`` is the one ``entry`` recorded as seen, unchanged since (see
+    :mod:`.file_index` for why an equal status means equal bytes)."""
+    return entry.size == status.size and entry.seen == (
+        status.device,
+        status.inode,
+        status.mtime_ns,
+        status.ctime_ns,
     )
 
 
@@ -308,8 +342,9 @@ def _still_held(entry: TreeFile, local: LocalFile, placed: dict[str, ChunkRef]) 
     return True
 
 
-def _read_whole(local: LocalFile) -> tuple[bytes, FileStatus, FileStatus]:
+def _read_whole(local: LocalFile, status: FileStatus | None) -> tuple[bytes, FileStatus, FileStatus]:
     """A small file's bytes, read on the calling thread, and its status before and after (of the file read).
+    ``status``: the listing's, taken as before (a file replaced since has another inode, so the two differ).
 
     One open and a read or two instead of a buffered reader, a chunker and a pool task: for a tree of many
     small files this per-file machinery cost more than the bytes (docs/performance.md)."""
@@ -321,7 +356,7 @@ def _read_whole(local: LocalFile) -> tuple[bytes, FileStatus, FileStatus]:
             "previous checkpoint is intact). Do not change the directory while it is saved."
         ) from None
     try:
-        before = FileStatus.of(os.fstat(fd))
+        before = status if status is not None else FileStatus.of(os.fstat(fd))
         parts: list[bytes] = []
         got = 0
         while got <= local.size:  # one byte past the listed size tells a file that grew

@@ -157,15 +157,46 @@ class ChunkRef:
         )
 
 
+Seen = tuple[int, int, int, int]
+"""A file's status when it was saved: device, inode, modification and change time (ns); with the size, what
+a later save compares to take the file as unchanged (:mod:`~airflow_stateful.core.data.file_index`)."""
+_U64 = (1 << 64) - 1
+_I64 = 1 << 63
+
+
+def _seen(value: Any) -> Seen | None:
+    """``value`` as a :data:`Seen` if it is one (four integers in their system types' bounds), else ``None``."""
+    if type(value) is not list or len(value) != 4:
+        return None
+    device, inode, mtime_ns, ctime_ns = value
+    if (type(device), type(inode), type(mtime_ns), type(ctime_ns)) != _FOUR_INTS:
+        return None
+    if not (
+        0 <= device <= _U64 and 0 <= inode <= _U64 and -_I64 <= mtime_ns < _I64 and -_I64 <= ctime_ns < _I64
+    ):
+        return None
+    return (device, inode, mtime_ns, ctime_ns)
+
+
+_FOUR_INTS = (int, int, int, int)
+
+
 @dataclass(frozen=True)
 class TreeFile:
     """One file of a tree: its path below the saved directory, its size, its chunks in order and its permission
-    bits (``mode``: ``0o777`` at most; ``None`` in trees written before modes were kept: restored owner-only)."""
+    bits (``mode``: ``0o777`` at most; ``None`` in trees written before modes were kept: restored owner-only).
+
+    ``seen``: the file's status when it was saved, recorded only for a file that had settled (not modified in
+    the :data:`~airflow_stateful.core.data.file_index.RACY_SECONDS` before it was read) and did not change
+    while it was read; ``None`` otherwise and in trees written before it was kept. A later writer, in another
+    process, takes such an entry as it is for a file with the very same status and size, as restic does with
+    its parent snapshot (docs/adr/0006-packs.md). Older readers ignore it."""
 
     path: str
     size: int
     chunks: tuple[ChunkRef, ...]
     mode: int | None = None
+    seen: Seen | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -175,6 +206,8 @@ class TreeFile:
         }
         if self.mode is not None:  # an older reader ignores it (and restores the file with its own default)
             body["mode"] = self.mode
+        if self.seen is not None:  # an older reader ignores it too (and reads every file again)
+            body["status"] = list(self.seen)
         return body
 
     def encoded(self) -> str:
@@ -185,9 +218,9 @@ class TreeFile:
         if text is None:
             chunks = ",".join(_encoded_chunk(c) for c in self.chunks)
             mode = "" if self.mode is None else f',"mode":{int(self.mode)}'
-            text = (
-                f'{{"chunks":[{chunks}]{mode},"path":{encode_basestring(self.path)},"size":{int(self.size)}}}'
-            )
+            at = self.seen
+            seen = "" if at is None else f',"status":[{int(at[0])},{int(at[1])},{int(at[2])},{int(at[3])}]'
+            text = f'{{"chunks":[{chunks}]{mode},"path":{encode_basestring(self.path)},"size":{int(self.size)}{seen}}}'
             object.__setattr__(self, "_encoded", text)  # a cache beside the fields: not compared, not hashed
         return text
 
@@ -203,9 +236,18 @@ class TreeFile:
             raise CheckpointCorruptError(
                 f"{what}: its chunks hold {sum(c.size for c in chunks)} bytes, not {size}"
             )
+        seen = None
+        if f.has("status"):
+            seen = _seen(f.body["status"])
+            if seen is None:
+                raise f.bad("status", "a list of four integers (device, inode, mtime_ns, ctime_ns)")
         # Permission bits only: a setuid, setgid or sticky bit is never recorded, so never restored.
         return cls(
-            path=path, size=size, chunks=chunks, mode=f.optional_integer("mode", maximum=PERMISSION_BITS)
+            path=path,
+            size=size,
+            chunks=chunks,
+            mode=f.optional_integer("mode", maximum=PERMISSION_BITS),
+            seen=seen,
         )
 
 
@@ -234,6 +276,12 @@ def _quick_file(data: Any, *, identity: str) -> TreeFile | None:
     if type(data) is not dict:
         return None
     path, size, chunks, mode = data.get("path"), data.get("size"), data.get("chunks"), data.get("mode")
+    status = data.get("status")
+    seen = None
+    if status is not None:
+        seen = _seen(status)
+        if seen is None:
+            return None
     if (
         type(path) is not str
         or len(path) > MAX_PATH
@@ -273,7 +321,7 @@ def _quick_file(data: Any, *, identity: str) -> TreeFile | None:
         total += csize
     if total != size:
         return None
-    return TreeFile(path=path, size=size, chunks=tuple(refs), mode=mode)
+    return TreeFile(path=path, size=size, chunks=tuple(refs), mode=mode, seen=seen)
 
 
 @dataclass(frozen=True)
