@@ -283,23 +283,34 @@ class HeadRecord:
         return replace(self, **changes)
 
     def to_bytes(self, signer: HeadSigner | None = None) -> bytes:
-        """The stored form; with ``signer`` it also carries an HMAC of the body (see core/records/integrity.py)."""
-        body: dict[str, Any] = {
+        """The stored form; with ``signer`` it also carries an HMAC of the body (see core/records/integrity.py).
+
+        ``canonical_json`` of the body with its ``checksum``, built so that the checkpoints (the bulk: the inline
+        manifests) are encoded once, not once for the signature, once for the checksum and once for the
+        record: ``checkpoints`` sorts first and ``checksum`` second, so each form is the same checkpoints text
+        spliced before the other fields' (tests/test_head_encoding.py holds it to ``canonical_json``)."""
+        rest: dict[str, Any] = {
             "format": self.format,
             "identity": self.identity,
             "epoch": self.epoch,
             "next_seq": self.next_seq,
             "lease": self.lease.to_json() if self.lease else None,
-            "checkpoints": [c.to_json() for c in self.checkpoints],
             "updated_at": self.updated_at,
         }
         if self.outcome is not None:
-            body["outcome"] = self.outcome.to_json()
+            rest["outcome"] = self.outcome.to_json()
+        checkpoints = b'{"checkpoints":' + canonical_json([c.to_json() for c in self.checkpoints]) + b","
+
+        def whole(others: bytes, checksum: str | None = None) -> bytes:
+            # ``others`` is the other fields' canonical JSON, an object: its "{" gives way to the checkpoints.
+            middle = b"" if checksum is None else b'"checksum":"' + checksum.encode() + b'",'
+            return checkpoints + middle + others[1:]
+
         if signer is not None:
-            body[SIGNATURE_FIELD] = signer.sign(canonical_json(body))
+            rest[SIGNATURE_FIELD] = signer.sign(whole(canonical_json(rest)))
         # A self-checksum (over the signature too): a bit flip in the one mutable object must not go unnoticed.
-        body["checksum"] = sha256_hex(canonical_json(body))
-        return canonical_json(body) + b"\n"
+        others = canonical_json(rest)
+        return whole(others, sha256_hex(whole(others))) + b"\n"
 
     @classmethod
     def from_bytes(cls, data: bytes, *, key: str, signer: HeadSigner | None = None) -> HeadRecord:
