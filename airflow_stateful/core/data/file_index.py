@@ -66,6 +66,12 @@ class FileStatus(NamedTuple):
         return self.mtime_ns < limit and self.ctime_ns < limit
 
 
+def vouched(before: FileStatus, after: FileStatus, started_ns: int) -> bool:
+    """Whether a file read between ``before`` and ``after`` (reading started at ``started_ns``, wall clock) may
+    be remembered, in the index or as the status its tree entry records: it had settled and did not change."""
+    return before == after and before.settled_before(started_ns)
+
+
 class FileIndex:
     """The status and tree entry of the files one writer saved last. Thread-safe; see the module doc.
 
@@ -90,7 +96,7 @@ class FileIndex:
         """Note what the save in progress found for ``path`` (``started_ns``: ``time.time_ns()`` before it was
         read; file times are wall-clock times); kept only if the file was settled and did not change while it
         was read. Takes effect at :meth:`publish` (a failed save leaves the index as it was)."""
-        if before != after or not before.settled_before(started_ns):
+        if not vouched(before, after, started_ns):
             return
         with self._lock:
             self._next[path] = (before, entry)

@@ -25,7 +25,7 @@ from typing import cast
 
 from airflow_stateful.core.data.budget import ByteBudget
 from airflow_stateful.core.data.chunking import MAX_CHUNK, iter_chunks
-from airflow_stateful.core.data.file_index import FileIndex, FileStatus
+from airflow_stateful.core.data.file_index import FileIndex, FileStatus, vouched
 from airflow_stateful.core.data.files import LocalFile
 from airflow_stateful.core.data.packs import PACK_BELOW, PACK_TARGET, PackBuilder, SealedPack
 from airflow_stateful.core.errors import InvalidValueError, PreconditionFailedError
@@ -287,7 +287,7 @@ def upload_files(
     seen = {
         n: (before.device, before.inode, before.mtime_ns, before.ctime_ns)
         for _, before, after, started, n in staged
-        if before == after and before.settled_before(started)
+        if vouched(before, after, started)
     }
     tree_files: list[TreeFile] = []
     for n, item in enumerate(layouts):
