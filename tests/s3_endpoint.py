@@ -128,6 +128,28 @@ def both_servers() -> list[str]:
     return ["main"] if main_kind() == "seaweedfs" else ["main", "seaweedfs"]
 
 
+LONG_TESTS = os.environ.get("STATEFUL_LONG_TESTS") == "1"
+"""Set by ``make soak``: run the longer scenarios and repetitions that ``make test`` leaves out."""
+
+
+def both_servers_when_long(*before: str, marks: tuple[Any, ...] = ()) -> list[Any]:
+    """The servers of a long scenario (a whole stack, a kill soak, a zombie storm) as ``pytest.param`` s of
+    ``(*before, server)``: in ``make test`` SeaweedFS only, a real S3 server; the session's main endpoint (moto
+    by default) as well only under ``make soak`` (``STATEFUL_LONG_TESTS=1``), skipped here saying so, to keep
+    ``make test`` under 15 minutes. Server values ``main`` and ``seaweedfs``, as :func:`both_servers`."""
+    if main_kind() == "seaweedfs":
+        return [pytest.param(*before, "main", marks=marks)]
+    skip = pytest.mark.skipif(
+        not LONG_TESTS,
+        reason=f"the same scenario on {main_kind()} runs under `make soak` (STATEFUL_LONG_TESTS=1); `make test` "
+        "runs it on SeaweedFS only, to stay under 15 minutes",
+    )
+    return [
+        pytest.param(*before, "main", marks=[*marks, skip]),
+        pytest.param(*before, "seaweedfs", marks=marks),
+    ]
+
+
 def on_both_servers() -> Any:
     """A ``s3_endpoint`` fixture for a module whose tests must hold on every S3 implementation: each test runs
     on the session's main endpoint and on SeaweedFS (ids ``[main]`` and ``[seaweedfs]``). Use as

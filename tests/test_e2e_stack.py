@@ -2,7 +2,7 @@
 
 The stack is the one a deployment runs, as subprocesses: ``api-server`` (bound to 127.0.0.1 on a free port),
 ``scheduler`` (LocalExecutor), ``dag-processor`` and ``triggerer``, on SQLite in a temporary AIRFLOW_HOME, with
-an S3 server as the checkpoint store (moto's, and SeaweedFS, a real S3 server: the test runs on both), reached
+an S3 server as the checkpoint store (SeaweedFS, a real S3 server; ``make soak`` runs it on moto's too), reached
 through an Airflow connection given by environment. The DAG
 is ``dags/killable_batch.py`` (copied into a temporary DAG folder): it writes its pid on each try and a ledger
 row per handled item. The test waits until try 1 committed a checkpoint past item 30, SIGKILLs the task
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from s3_endpoint import S3Endpoint, both_servers, started_endpoint
+from s3_endpoint import S3Endpoint, both_servers_when_long, started_endpoint
 
 from airflow_stateful.testing.s3_server import free_port
 
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 DAG_ID = "killable_batch"
 TASK_ID = "crunch"
 ITEMS = 100
-ITEM_SECONDS = 0.25
+ITEM_SECONDS = 0.15  # try 1 has about 10 s of items left past the kill point: time enough to kill it mid-run
 KILL_AFTER_CURSOR = 30  # SIGKILL once try 1 has committed a checkpoint at or past this cursor
 PREFIX = "airflow"
 REGION = "us-east-1"
@@ -73,10 +73,11 @@ def rows(path: Path) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in (line.split(",") for line in path.read_text().split())]
 
 
-@pytest.fixture(params=both_servers())
+@pytest.fixture(params=both_servers_when_long())
 def server(request: pytest.FixtureRequest) -> Iterator[S3Endpoint]:
     """A server of the test's own (a stack's components are killed at teardown, mid-request), with a bucket:
-    serialized moto for ``main`` unless the suite's endpoint is SeaweedFS, and SeaweedFS."""
+    SeaweedFS, and under ``make soak`` serialized moto for ``main`` too (unless the suite's endpoint is
+    SeaweedFS)."""
     from s3_endpoint import main_kind
 
     kind = "seaweedfs" if request.param == "seaweedfs" or main_kind() == "seaweedfs" else "moto"

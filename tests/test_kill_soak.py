@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
-from s3_endpoint import both_servers, main_kind
+from s3_endpoint import both_servers_when_long, main_kind
 from soak import kill_soak
 from soak.kill_soak import Soak, Tally
 
@@ -63,9 +63,10 @@ def test_kill_soak_local() -> None:
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize("server", both_servers())
+@pytest.mark.parametrize("server", both_servers_when_long())
 def test_kill_soak_s3(server: str) -> None:
-    """On the suite's main endpoint (moto by default) and on SeaweedFS, a real S3 server."""
+    """On SeaweedFS, a real S3 server, and under ``make soak`` on the suite's main endpoint too (moto by
+    default; ``make soak`` also runs the long soak there)."""
     tally = kill_soak.run(
         store="s3", kills=6, restore_kills=4, seed=15, s3_server_kind="env" if server == "main" else server
     )

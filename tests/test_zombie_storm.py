@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from s3_endpoint import both_servers, main_kind
+from s3_endpoint import both_servers_when_long, main_kind
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "soak"))
 import zombie_storm
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow]
 
 @pytest.mark.parametrize(
     ("kind", "server"),
-    [("local", ""), *(pytest.param("s3", server, marks=pytest.mark.s3) for server in both_servers())],
+    [("local", ""), *both_servers_when_long("s3", marks=(pytest.mark.s3,))],
 )
 def test_writers_stealing_one_lease_in_turns_lose_no_acknowledged_update(kind: str, server: str) -> None:
     before = dict(os.environ)
