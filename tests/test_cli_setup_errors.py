@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from loopback_http import serving
 from s3_endpoint import S3Endpoint
 from test_cli_first_hour import VALUE_ONLY, _s3_env, run_script
 
@@ -76,15 +76,8 @@ def not_s3(request: pytest.FixtureRequest) -> Iterator[str]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serving(Handler) as url:
+        yield url
 
 
 @pytest.mark.parametrize("verb", [["ls"], ["du"], ["gc", "--dry-run"]])

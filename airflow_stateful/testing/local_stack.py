@@ -296,6 +296,9 @@ def base_env(home: Path, dags: Path, port: int) -> dict[str, str]:
         AIRFLOW__API__PORT=str(port),
         AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
         AIRFLOW__API_AUTH__JWT_SECRET=JWT_SECRET,
+        # A database error's answer names its cause (on loopback, to the stack's own caller): without it Airflow
+        # answers "hidden", and rest_request cannot tell SQLite's "database is locked" (retried) from the rest.
+        AIRFLOW__API__EXPOSE_STACKTRACE="True",
         AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
         AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
         PYTHONUNBUFFERED="1",
