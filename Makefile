@@ -92,15 +92,17 @@ bench: $(STAMP)
 SOAK_ARGS ?=
 # It also runs, with STATEFUL_LONG_TESTS=1, what `make test` leaves out to stay under 15 minutes: the two
 # longer Celery-cluster scenarios (an orphaned task process fenced by its retry, a scheduler killed mid-task,
-# tests/test_distributed.py), GC racing commits for 300 + 200 rounds (120 + 80 in `make test`), and the
-# moto runs of the SIGKILL on a whole stack and of the short kill soak and zombie storm (`make test` runs
-# those on SeaweedFS, a real S3 server).
+# tests/test_distributed.py), GC racing commits for 300 + 200 rounds (120 + 80 in `make test`), the moto
+# runs of the SIGKILL on a whole stack and of the short kill soak and zombie storm (`make test` runs those on
+# SeaweedFS, a real S3 server), and `make demo-kill` as a test (tests/test_kill_demo.py; `make test` keeps the
+# same SIGKILL and resume on a whole stack in tests/test_e2e_stack.py).
 soak: $(STAMP)
 	$(PY) tests/soak/kill_soak.py --store both --kills 300 --s3-kills 200 --restore-kills 100 \
 		--s3-restore-kills 50 --seed 1 $(SOAK_ARGS)
 	STATEFUL_LONG_TESTS=1 $(PY) -m pytest -p no:cacheprovider tests/test_distributed.py \
 		"tests/test_lease_renewal.py::test_gc_racing_commits_never_deletes_what_a_committed_checkpoint_references" \
-		tests/test_e2e_stack.py "tests/test_kill_soak.py::test_kill_soak_s3" tests/test_zombie_storm.py
+		tests/test_e2e_stack.py "tests/test_kill_soak.py::test_kill_soak_s3" tests/test_zombie_storm.py \
+		tests/test_kill_demo.py
 
 # Every S3 test on SeaweedFS, a real S3 server the suite starts itself (`make test` runs the S3 contract suite,
 # the crash-resume on a real stack, a short kill soak and a short zombie storm on it, beside moto). Tests that

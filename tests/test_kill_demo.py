@@ -1,4 +1,4 @@
-"""``make demo-kill`` in CI: the demo module, run as a user runs it, shows a real SIGKILL and the resume.
+"""``make demo-kill`` under ``make soak``: the demo module, run as a user runs it, shows a real SIGKILL and the resume.
 
 ``python -m airflow_stateful.testing.kill_demo`` (the module, not make, so that it runs on this test's Python)
 starts api-server, scheduler (LocalExecutor) and dag-processor on 127.0.0.1 in an AIRFLOW_HOME under the test's
@@ -24,7 +24,15 @@ from dag_helpers import ledger_by_try
 
 from airflow_stateful.testing.local_stack import processes_of
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("STATEFUL_LONG_TESTS") != "1",
+        reason="`make demo-kill` itself; `make soak` runs this (STATEFUL_LONG_TESTS=1). `make test` keeps the same "
+        "SIGKILL and resume of killable_batch on a whole stack (tests/test_e2e_stack.py), to stay under 15 minutes",
+    ),
+]
 
 TIMEOUT = 300
 
