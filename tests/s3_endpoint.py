@@ -27,6 +27,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
+from long_tests import LONG_TESTS
 
 from airflow_stateful.core.stores.s3 import S3ObjectStore
 from airflow_stateful.testing.s3_server import DUMMY_ACCESS_KEY, DUMMY_SECRET_KEY, MotoServer
@@ -126,10 +127,6 @@ def both_servers() -> list[str]:
     """The servers a suite that must hold on every S3 implementation runs on: the session's main endpoint and
     SeaweedFS (once, when the main endpoint already is SeaweedFS)."""
     return ["main"] if main_kind() == "seaweedfs" else ["main", "seaweedfs"]
-
-
-LONG_TESTS = os.environ.get("STATEFUL_LONG_TESTS") == "1"
-"""Set by ``make soak``: run the longer scenarios and repetitions that ``make test`` leaves out."""
 
 
 def both_servers_when_long(*before: str, marks: tuple[Any, ...] = ()) -> list[Any]:

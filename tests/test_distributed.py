@@ -42,11 +42,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from long_tests import LONG_TESTS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 LONG = pytest.mark.skipif(
-    os.environ.get("STATEFUL_LONG_TESTS") != "1",
+    not LONG_TESTS,
     reason="a longer scenario beyond the issue's three, run by `make soak` (STATEFUL_LONG_TESTS=1) to keep "
     "`make test` under 15 minutes",
 )

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 from dag_helpers import ledger_by_try
+from long_tests import LONG_TESTS
 
 from airflow_stateful.testing.local_stack import processes_of
 
@@ -28,7 +29,7 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
     pytest.mark.skipif(
-        os.environ.get("STATEFUL_LONG_TESTS") != "1",
+        not LONG_TESTS,
         reason="`make demo-kill` itself; `make soak` runs this (STATEFUL_LONG_TESTS=1). `make test` keeps the same "
         "SIGKILL and resume of killable_batch on a whole stack (tests/test_e2e_stack.py), to stay under 15 minutes",
     ),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from long_tests import LONG_TESTS
 from maintenance import GcLoop, OutageStore, keys, missing_references, read_tree, tree
 from netproxy import TcpProxy
 from s3_endpoint import S3Endpoint
@@ -294,7 +295,7 @@ def test_gc_racing_commits_never_deletes_what_a_committed_checkpoint_references(
         )
     store: ObjectStore = backend["store"]
     # `make soak` (STATEFUL_LONG_TESTS=1) runs 300 + 200 rounds; `make test` 120 + 80, inside its 15 minutes.
-    long = os.environ.get("STATEFUL_LONG_TESTS") == "1"
+    long = LONG_TESTS
     rounds = (300 if long else 120) if backend["kind"] == "local" else (200 if long else 80)
     problems: list[str] = []
     with GcLoop(store, keep_last=1, grace=0.2) as gc:
