@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Pinned versions for reproducible installs (pyproject.toml keeps lower bounds only).
 CONSTRAINTS := constraints/ci.txt
 # Two workers (the machine's two cores); tests/conftest.py keeps the whole-deployment modules on one of them.
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+PYTEST_ARGS ?= -n 2 --dist loadscope
 
 .PHONY: install test test-s3-real demo demo-kill lint dist bench soak storm test-matrix clean promtool
 

@@ -155,12 +155,38 @@ STACK_MODULES = {
     "test_ui_auth.py",
 }
 """Modules that start a whole Airflow deployment (api-server, schedulers, workers, PostgreSQL, Redis). Under
-pytest-xdist (``make test`` runs two workers) they all go to one worker, one after the other, so that two
-deployments never compete for the machine's cores while their timing-sensitive scenarios run; the other
+pytest-xdist (``make test`` runs two workers) they all go to one worker, one after the other and first, so that
+two deployments never compete for the machine's cores while their timing-sensitive scenarios run; the other
 worker meanwhile runs the rest of the suite."""
+STACKS = "stacks"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.name in STACK_MODULES:
-            item.add_marker(pytest.mark.xdist_group("stacks"))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadscope`` (what ``make test`` passes): every module is one unit of work, run by one worker,
+    so a module-scoped fixture (a server, a stack, a built wheel) is set up once, and the stack modules are one
+    unit together, handed out first.
+
+    Why not ``--dist loadgroup`` and ``xdist_group`` marks, as before: pytest-xdist 3.8 groups by renaming each
+    marked test's ``item._nodeid``, and pytest 9.2 no longer reads that attribute (``Node.nodeid`` is built from
+    ``_id``), so the marks did nothing. Every test was its own unit, a module's tests were spread over both
+    workers, each worker set up the module's fixtures again (measured 2026-12-07: the CeleryExecutor cluster of
+    tests/test_distributed.py twice, 28-30 s each, and tests/test_ui_auth.py's api-server twice, 13 s each) and
+    two deployments ran side by side. This scheduler needs no marks: it groups by the test's file.
+    """
+    if config.getvalue("dist") not in ("loadscope", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return STACKS if Path(module).name in STACK_MODULES else module
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The longest unit goes first, never last (no worker idles at the end while the other runs it).
+            if STACKS in self.workqueue:
+                self.workqueue.move_to_end(STACKS, last=False)
+            super()._assign_work_unit(node)
+
+    return ModuleScheduling(config, log)
