@@ -155,9 +155,9 @@ STACK_MODULES = {
     "test_ui_auth.py",
 }
 """Modules that start a whole Airflow deployment (api-server, schedulers, workers, PostgreSQL, Redis). Under
-pytest-xdist (``make test`` runs two workers) they all go to one worker, one after the other and first, so that
+pytest-xdist (``make test`` runs three workers) they all go to one worker, one after the other and first, so that
 two deployments never compete for the machine's cores while their timing-sensitive scenarios run; the other
-worker meanwhile runs the rest of the suite."""
+workers meanwhile run the rest of the suite."""
 STACKS = "stacks"
 
 
