@@ -22,9 +22,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from airflow_stateful.core.collector import paused_collector
 from airflow_stateful.core.data.destinations import check_destination
 from airflow_stateful.core.data.file_index import FileIndex
 from airflow_stateful.core.data.files import LocalFile, check_restore_directory, collect_files
+from airflow_stateful.core.data.packs import PACK_BELOW
 from airflow_stateful.core.data.restore import ChunkCache, restore_files, restore_tree_files
 from airflow_stateful.core.data.restore import prepare as restore_prepare
 from airflow_stateful.core.data.restore_modes import (
@@ -176,7 +178,23 @@ class ContentStore:
         previous: Manifest | None,
         check: Callable[[], None] | None,
     ) -> TreeRef:
-        """Upload the chunks ``previous`` does not already hold, then the tree (unless it is ``previous``'s)."""
+        """Upload the chunks ``previous`` does not already hold, then the tree (unless it is ``previous``'s).
+
+        A tree of small files (packed: below ``PACK_BELOW`` on average) is saved with the cyclic garbage
+        collector paused, whose walks of the records being built cost a first save of 10,000 x 4 KiB a sixth of
+        its time (:mod:`airflow_stateful.core.collector`); one of large files, mostly upload time, is not."""
+        if local_files and sum(f.size for f in local_files) < len(local_files) * PACK_BELOW:
+            with paused_collector():
+                return self._upload_tree(local_files, commit_id, previous, check)
+        return self._upload_tree(local_files, commit_id, previous, check)
+
+    def _upload_tree(
+        self,
+        local_files: list[LocalFile],
+        commit_id: str,
+        previous: Manifest | None,
+        check: Callable[[], None] | None,
+    ) -> TreeRef:
         before = self.tree(previous) if previous is not None else None
         known = {c.sha256: c for f in (before.files if before else ()) for c in f.chunks}
         total = sum(f.size for f in local_files)

@@ -24,9 +24,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from airflow_stateful.core import events
+from airflow_stateful.core.collector import paused_collector
 from airflow_stateful.core.data.destinations import check_destination, first_link, trusted_staging
 from airflow_stateful.core.data.download import download_files
 from airflow_stateful.core.data.files import check_distinct_paths, check_restore_targets, safe_relative
+from airflow_stateful.core.data.packs import PACK_BELOW
 from airflow_stateful.core.data.restore_modes import (
     EMPTY,
     EXACT,
@@ -167,21 +169,26 @@ def restore_tree_files(
         )
 
     paths = [f.path for f in files]
-    return _restore(
-        checkpoints,
-        Path(dest),
-        paths,
-        sum(f.size for f in files),
-        fetch,
-        where=where,
-        label=label,
-        seq=seq,
-        mode=check_mode(mode),
-        what=what,
-        shared_dest=shared_dest,
-        prepared=prepared,
-        verb=verb,
-    )
+    total = sum(f.size for f in files)
+    # A tree of small files (packed: below PACK_BELOW on average) is restored with the cyclic garbage collector
+    # paused, as it is saved (ContentStore.upload_tree; airflow_stateful.core.collector); large files are not.
+    small = bool(files) and total < len(files) * PACK_BELOW
+    with paused_collector() if small else contextlib.nullcontext():
+        return _restore(
+            checkpoints,
+            Path(dest),
+            paths,
+            total,
+            fetch,
+            where=where,
+            label=label,
+            seq=seq,
+            mode=check_mode(mode),
+            what=what,
+            shared_dest=shared_dest,
+            prepared=prepared,
+            verb=verb,
+        )
 
 
 def _restore(

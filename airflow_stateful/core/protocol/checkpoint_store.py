@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_stateful.core import events
+from airflow_stateful.core.collector import paused_collector
 from airflow_stateful.core.data.files import collect_files
 from airflow_stateful.core.errors import (
     CheckpointNotFoundError,
@@ -286,7 +287,8 @@ class CheckpointStore(CheckpointReader):
             manifest so that the copy says where its state came from after retention drops the original.
         """
         stored_value = self._checked_value(lease, value, schema_version, extra, value_codec, encoded)
-        local_files = collect_files(files, exclude=exclude, follow_symlinks=follow_symlinks)
+        with paused_collector():  # a record per file, none in a cycle (collector.py)
+            local_files = collect_files(files, exclude=exclude, follow_symlinks=follow_symlinks)
         for earlier in (keep_files_from, previous):
             if earlier is not None and earlier.identity != self.identity.key:
                 raise ValueError(

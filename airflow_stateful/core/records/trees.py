@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any
 
+from airflow_stateful.core.collector import paused_collector
 from airflow_stateful.core.errors import CheckpointCorruptError
 from airflow_stateful.core.records.fields import Fields
 from airflow_stateful.core.records.formats import MAX_CHUNK_BYTES
@@ -364,18 +365,20 @@ class Tree:
     @classmethod
     def from_bytes(cls, data: bytes, *, key: str, identity: str) -> Tree:
         what = f"tree {key!r}"
-        try:
-            body = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise CheckpointCorruptError(f"{what} is not valid JSON ({exc}).") from exc
-        f = Fields(body, what=what)
-        fmt = f.integer("format", minimum=TREE_FORMAT, maximum=PACKED_TREE_FORMAT)
-        f.equal("identity", identity)
-        files = tuple(
-            _quick_file(entry, identity=identity)
-            or TreeFile.from_json(entry, identity=identity, what=f"{what} file {n}")
-            for n, entry in enumerate(f.items("files", max_items=MAX_FILES))
-        )
+        # Three objects or more per file, none in a cycle: the collector would only walk them (collector.py).
+        with paused_collector():
+            try:
+                body = json.loads(data)
+            except (ValueError, RecursionError) as exc:
+                raise CheckpointCorruptError(f"{what} is not valid JSON ({exc}).") from exc
+            f = Fields(body, what=what)
+            fmt = f.integer("format", minimum=TREE_FORMAT, maximum=PACKED_TREE_FORMAT)
+            f.equal("identity", identity)
+            files = tuple(
+                _quick_file(entry, identity=identity)
+                or TreeFile.from_json(entry, identity=identity, what=f"{what} file {n}")
+                for n, entry in enumerate(f.items("files", max_items=MAX_FILES))
+            )
         tree = cls(identity=identity, files=files)
         if tree.packed and fmt < PACKED_TREE_FORMAT:
             raise CheckpointCorruptError(
