@@ -91,3 +91,10 @@ def test_a_save_and_a_restore_of_small_files_leave_the_collector_as_they_found_i
     with pytest.raises(InvalidValueError, match="does not exist"):  # raised inside the pause of the listing
         cs.commit(lease, {"n": 2}, files=tmp_path / "missing")
     assert gc.isenabled()
+
+
+def test_when_false_leaves_the_collector_running(collector_on: None) -> None:
+    """What a save of large files gets: its upload time is not spent with the task's collector off."""
+    with paused_collector(when=False):
+        assert gc.isenabled()
+    assert gc.isenabled()

@@ -183,51 +183,43 @@ class ContentStore:
         A tree of small files (packed: below ``PACK_BELOW`` on average) is saved with the cyclic garbage
         collector paused, whose walks of the records being built cost a first save of 10,000 x 4 KiB a sixth of
         its time (:mod:`airflow_stateful.core.collector`); one of large files, mostly upload time, is not."""
-        if local_files and sum(f.size for f in local_files) < len(local_files) * PACK_BELOW:
-            with paused_collector():
-                return self._upload_tree(local_files, commit_id, previous, check)
-        return self._upload_tree(local_files, commit_id, previous, check)
-
-    def _upload_tree(
-        self,
-        local_files: list[LocalFile],
-        commit_id: str,
-        previous: Manifest | None,
-        check: Callable[[], None] | None,
-    ) -> TreeRef:
-        before = self.tree(previous) if previous is not None else None
-        known = {c.sha256: c for f in (before.files if before else ()) for c in f.chunks}
-        total = sum(f.size for f in local_files)
-        progress = None
-        if total >= PROGRESS_MIN_BYTES:
-            progress = TransferProgress(
-                label=f"saving {len(local_files)} file(s) for {self.identity}", total_bytes=total, logger=log
+        small = bool(local_files) and sum(f.size for f in local_files) < len(local_files) * PACK_BELOW
+        with paused_collector(when=small):
+            before = self.tree(previous) if previous is not None else None
+            known = {c.sha256: c for f in (before.files if before else ()) for c in f.chunks}
+            total = sum(f.size for f in local_files)
+            progress = None
+            if total >= PROGRESS_MIN_BYTES:
+                progress = TransferProgress(
+                    label=f"saving {len(local_files)} file(s) for {self.identity}",
+                    total_bytes=total,
+                    logger=log,
+                )
+            result = upload_files(
+                self.store,
+                identity=self.identity.key,
+                files=local_files,
+                known=known,
+                commit_id=commit_id,
+                workers=self.parallelism,
+                check=check,
+                progress=progress,
+                index=self.file_index,
+                remember=self._remember(total),
+                prior={f.path: f for f in before.files} if before is not None else None,
             )
-        result = upload_files(
-            self.store,
-            identity=self.identity.key,
-            files=local_files,
-            known=known,
-            commit_id=commit_id,
-            workers=self.parallelism,
-            check=check,
-            progress=progress,
-            index=self.file_index,
-            remember=self._remember(total),
-            prior={f.path: f for f in before.files} if before is not None else None,
-        )
-        if progress:
-            progress.finish()
-        log.info(
-            "%s: uploaded %d new chunk(s) (%s), reused %d (%s)",
-            self.identity,
-            result.chunks_sent,
-            human_bytes(result.bytes_sent),
-            result.chunks_reused,
-            human_bytes(result.bytes_reused),
-        )
-        tree = Tree(identity=self.identity.key, files=tuple(result.files))
-        return self.write_tree(tree, commit_id, same_as=previous.tree if previous is not None else None)
+            if progress:
+                progress.finish()
+            log.info(
+                "%s: uploaded %d new chunk(s) (%s), reused %d (%s)",
+                self.identity,
+                result.chunks_sent,
+                human_bytes(result.bytes_sent),
+                result.chunks_reused,
+                human_bytes(result.bytes_reused),
+            )
+            tree = Tree(identity=self.identity.key, files=tuple(result.files))
+            return self.write_tree(tree, commit_id, same_as=previous.tree if previous is not None else None)
 
     def _remember(self, total: int) -> Callable[[ChunkRef, bytes], None] | None:
         """What keeps uploaded chunks in the worker's restore cache, if there is one and ``total`` bytes fit

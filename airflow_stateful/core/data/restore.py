@@ -173,7 +173,7 @@ def restore_tree_files(
     # A tree of small files (packed: below PACK_BELOW on average) is restored with the cyclic garbage collector
     # paused, as it is saved (ContentStore.upload_tree; airflow_stateful.core.collector); large files are not.
     small = bool(files) and total < len(files) * PACK_BELOW
-    with paused_collector() if small else contextlib.nullcontext():
+    with paused_collector(when=small):
         return _restore(
             checkpoints,
             Path(dest),
