@@ -184,7 +184,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return STACKS if Path(module).name in STACK_MODULES else module
 
         def _assign_work_unit(self, node: Any) -> None:
-            # The longest unit goes first, never last (no worker idles at the end while the other runs it).
+            # The longest unit goes first, never last (no worker idles at the end while another runs it).
             if STACKS in self.workqueue:
                 self.workqueue.move_to_end(STACKS, last=False)
             super()._assign_work_unit(node)

@@ -26,7 +26,7 @@ from airflow_stateful.core.collector import paused_collector
 from airflow_stateful.core.data.destinations import check_destination
 from airflow_stateful.core.data.file_index import FileIndex
 from airflow_stateful.core.data.files import LocalFile, check_restore_directory, collect_files
-from airflow_stateful.core.data.packs import PACK_BELOW
+from airflow_stateful.core.data.packs import mostly_small
 from airflow_stateful.core.data.restore import ChunkCache, restore_files, restore_tree_files
 from airflow_stateful.core.data.restore import prepare as restore_prepare
 from airflow_stateful.core.data.restore_modes import (
@@ -180,14 +180,12 @@ class ContentStore:
     ) -> TreeRef:
         """Upload the chunks ``previous`` does not already hold, then the tree (unless it is ``previous``'s).
 
-        A tree of small files (packed: below ``PACK_BELOW`` on average) is saved with the cyclic garbage
-        collector paused, whose walks of the records being built cost a first save of 10,000 x 4 KiB a sixth of
-        its time (:mod:`airflow_stateful.core.collector`); one of large files, mostly upload time, is not."""
-        small = bool(local_files) and sum(f.size for f in local_files) < len(local_files) * PACK_BELOW
-        with paused_collector(when=small):
+        A tree of small files (:func:`~airflow_stateful.core.data.packs.mostly_small`) is saved with the cyclic
+        garbage collector paused (:mod:`airflow_stateful.core.collector`)."""
+        total = sum(f.size for f in local_files)
+        with paused_collector(when=mostly_small(len(local_files), total)):
             before = self.tree(previous) if previous is not None else None
             known = {c.sha256: c for f in (before.files if before else ()) for c in f.chunks}
-            total = sum(f.size for f in local_files)
             progress = None
             if total >= PROGRESS_MIN_BYTES:
                 progress = TransferProgress(

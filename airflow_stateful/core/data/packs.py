@@ -32,6 +32,15 @@ PACK_TARGET = 8 * MIB
 """A pack is sealed once it holds this many bytes (docs/performance.md: the measurement behind it). Packs of
 8 MiB keep a tree of 10,000 small files to a few objects; two of them in flight (one filling, one uploading)
 keep a save within its 64 MiB memory bound on S3, where 16 MiB packs did not (peak RSS growth 72-96 MiB)."""
+
+
+def mostly_small(count: int, total: int) -> bool:
+    """Whether ``count`` files of ``total`` bytes average below :data:`PACK_BELOW` (a tree that goes into packs:
+    a few records per file and little time per byte), which a save and a restore run with the cyclic garbage
+    collector paused (:mod:`airflow_stateful.core.collector`); a tree of large files, mostly transfer time, not."""
+    return count > 0 and total < count * PACK_BELOW
+
+
 MAX_GAP = 256 * 1024
 """Neighbouring chunks of one pack closer than this are read by one GET (the gap's bytes are dropped)."""
 MAX_RANGE = 4 * MIB

@@ -28,7 +28,7 @@ from airflow_stateful.core.collector import paused_collector
 from airflow_stateful.core.data.destinations import check_destination, first_link, trusted_staging
 from airflow_stateful.core.data.download import download_files
 from airflow_stateful.core.data.files import check_distinct_paths, check_restore_targets, safe_relative
-from airflow_stateful.core.data.packs import PACK_BELOW
+from airflow_stateful.core.data.packs import mostly_small
 from airflow_stateful.core.data.restore_modes import (
     EMPTY,
     EXACT,
@@ -170,10 +170,9 @@ def restore_tree_files(
 
     paths = [f.path for f in files]
     total = sum(f.size for f in files)
-    # A tree of small files (packed: below PACK_BELOW on average) is restored with the cyclic garbage collector
-    # paused, as it is saved (ContentStore.upload_tree; airflow_stateful.core.collector); large files are not.
-    small = bool(files) and total < len(files) * PACK_BELOW
-    with paused_collector(when=small):
+    with paused_collector(
+        when=mostly_small(len(files), total)
+    ):  # as a save of them is (ContentStore.upload_tree)
         return _restore(
             checkpoints,
             Path(dest),
