@@ -193,3 +193,90 @@ def test_a_tree_is_written_as_canonical_json_and_an_index_entry_keeps_its_text()
         assert again.to_bytes() == expected, "entries taken into a new tree keep their text"
         for entry in files:
             assert entry.encoded() == canonical_json(entry.to_json()).decode()
+
+
+def awkward_tree(identity: str = IDENTITY) -> Tree:
+    """Entries of every kind, with paths that hold the very text a parse cuts the tree's entries at."""
+    pack = pack_key(identity, "c" * 32, 1)
+    paths = [
+        '},{"chunks":[',
+        '"chunks":',
+        'x"},{"chunks":[{"',
+        "back\\",
+        "\\",
+        "ünï 🙂",
+        "a]," + '"format":3',
+    ]
+    files = []
+    for n in range(60):
+        chunks = tuple(
+            ChunkRef(key=pack, sha256=sha(n * 10 + m), size=m + 1, offset=n * 100 + m * 10)
+            if m % 2
+            else ChunkRef(key=chunk_key(identity, sha(n * 10 + m)), sha256=sha(n * 10 + m), size=m + 1)
+            for m in range(n % 4)
+        )
+        seen = (n, n + 1, -n, n) if n % 3 else None
+        path = f"{paths[n % len(paths)]}/{n}"
+        files.append(
+            TreeFile(path=path, size=sum(c.size for c in chunks), chunks=chunks, mode=0o644, seen=seen)
+        )
+    return Tree(identity=identity, files=tuple(files))
+
+
+def test_a_parsed_tree_keeps_each_entrys_stored_text_and_writes_the_same_bytes() -> None:
+    """A new process's re-save takes 99 % of the previous tree's entries as they are; the parse hands each entry
+    the text it was read from, so the new tree is not encoded again (issue 32). That text must be exactly the
+    entry's canonical text, also for paths that contain the text the parse cuts at."""
+    for identity in (IDENTITY, 'id"with/quote\\s'):
+        tree = awkward_tree(identity)
+        data = tree.to_bytes()
+        parsed = Tree.from_bytes(data, key="k", identity=identity)
+        assert parsed == tree
+        for entry in parsed.files:
+            assert "_encoded" in entry.__dict__, f"{entry.path!r} was not given its stored text"
+            assert entry.encoded() == canonical_json(entry.to_json()).decode()
+        assert parsed.to_bytes() == data
+
+
+def variants(data: bytes) -> dict[str, bytes]:
+    """The same tree laid out otherwise, and with junk a hand-made tree could hold around its entries."""
+    body = trees.json.loads(data)
+    text = data.decode()
+    files = text[len('{"files":[') : text.index('],"format":')]
+    ident = trees.json.dumps(body["identity"])
+    return {
+        "indented": trees.json.dumps(body, indent=1, sort_keys=True).encode(),
+        "fields in another order": trees.json.dumps(body).encode(),
+        "unicode escaped": trees.json.dumps(body, sort_keys=True, separators=(",", ":")).encode() + b"\n",
+        "an earlier files array": (
+            '{"files":[{"chunks":[],"path":"ghost","size":0}],"files":[' + text[len('{"files":[') :]
+        ).encode(),
+        "an earlier array of no entries": ('{"files":[1],"files":[' + text[len('{"files":[') :]).encode(),
+        "a later format": (
+            '{"files":[' + files + '],"format":[{"chunks":[]}],"format":3,"identity":' + ident + "}\n"
+        ).encode(),
+        "a later format of objects": (
+            '{"files":[' + files + '],"format":[{"a":{"b":1}}],"format":3,"identity":' + ident + "}\n"
+        ).encode(),
+        "a key that holds chunks": text.replace('"mode":420', '"mode":420,"x":{"chunks":[]}', 1).encode(),
+    }
+
+
+def test_a_tree_not_laid_out_as_written_reads_the_same_and_its_entries_text_reads_back_as_them() -> None:
+    """A tree this library did not write byte for byte (another layout, or junk around the entries that JSON
+    allows: duplicate keys, nested objects with an entry's key) must read as the same entries, and whatever text
+    an entry is given must read back as that very entry: a re-save writes it into the next tree as it is."""
+    tree = awkward_tree()
+    data = tree.to_bytes()
+    for name, variant in variants(data).items():
+        parsed = Tree.from_bytes(variant, key="k", identity=IDENTITY)
+        given = ["_encoded" in e.__dict__ for e in parsed.files]
+        if name == "unicode escaped":  # the one layout whose cut is exact, but not canonical
+            assert all(given), name
+        else:
+            assert not any(given), f"{name}: cut anyway"
+        assert parsed.files == tree.files, name
+        for entry in parsed.files:
+            again = TreeFile.from_json(trees.json.loads(entry.encoded()), identity=IDENTITY, what=name)
+            assert again == entry, f"{name}: {entry.path!r} would be re-saved as {again}"
+        assert Tree.from_bytes(parsed.to_bytes(), key="k", identity=IDENTITY) == parsed, name

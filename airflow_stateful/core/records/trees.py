@@ -38,6 +38,7 @@ from airflow_stateful.core.collector import paused_collector
 from airflow_stateful.core.errors import CheckpointCorruptError
 from airflow_stateful.core.records.fields import Fields
 from airflow_stateful.core.records.formats import MAX_CHUNK_BYTES
+from airflow_stateful.core.records.tree_text import entry_texts
 
 MAX_FILES = 1_000_000
 """Most files one checkpoint may hold."""
@@ -116,6 +117,12 @@ def _pack_key(f: Fields, name: str, *, identity: str) -> str:
             "own identity's objects"
         )
     return key
+
+
+_NEW = object.__new__
+"""How the tree reader's fast path makes its records: the frozen dataclasses' ``__init__`` sets each field
+through ``object.__setattr__``, a microsecond an entry (a tenth of a 10,000-file parse); the fields are set
+all at once instead, the same fields with the same values (tests/test_tree_parse.py compares the records)."""
 
 
 @dataclass(frozen=True)
@@ -268,12 +275,15 @@ def _encoded_key(key: str) -> str:
     return encode_basestring(key)
 
 
-def _quick_file(data: Any, *, identity: str) -> TreeFile | None:
+def _quick_file(data: Any, *, identity: str, packs: dict[str, str] | None = None) -> TreeFile | None:
     """:meth:`TreeFile.from_json` for an entry in exactly the shape this library writes, with the same checks
     (types, bounds, keys of this identity named by their content, the chunks' sizes adding up) but no
     :class:`Fields` and no error context built per chunk; ``None`` for anything else, which the full reader then
     accepts or refuses with an error naming the field. Either way an entry is accepted only if the full reader
-    accepts it, with the same result (tests/test_tree_parse.py holds the two readers to that)."""
+    accepts it, with the same result (tests/test_tree_parse.py holds the two readers to that).
+
+    ``packs``: the pack keys already checked in this tree (a pack holds hundreds of its chunks), each mapped to
+    one copy of the key that every chunk in it then shares."""
     if type(data) is not dict:
         return None
     path, size, chunks, mode = data.get("path"), data.get("size"), data.get("chunks"), data.get("mode")
@@ -306,11 +316,21 @@ def _quick_file(data: Any, *, identity: str) -> TreeFile | None:
             return None
         if pack is not None:
             offset = c.get("offset")
-            if type(pack) is not str or len(pack) > MAX_KEY or not _pack_shape(identity).fullmatch(pack):
+            if type(pack) is not str:
                 return None
+            checked = packs.get(pack) if packs is not None else None
+            if checked is None:
+                if len(pack) > MAX_KEY or not _pack_shape(identity).fullmatch(pack):
+                    return None
+                if packs is not None:
+                    packs[pack] = pack
+            else:
+                pack = checked
             if type(offset) is not int or not 0 <= offset <= MAX_PACK_BYTES - csize:
                 return None
-            refs.append(ChunkRef(key=pack, sha256=sha, size=csize, offset=offset))
+            ref = _NEW(ChunkRef)
+            ref.__dict__.update(key=pack, sha256=sha, size=csize, offset=offset)
+            refs.append(ref)
         else:
             key = c.get("key")
             if type(key) is not str or len(key) > MAX_KEY:
@@ -322,7 +342,9 @@ def _quick_file(data: Any, *, identity: str) -> TreeFile | None:
         total += csize
     if total != size:
         return None
-    return TreeFile(path=path, size=size, chunks=tuple(refs), mode=mode, seen=seen)
+    entry = _NEW(TreeFile)
+    entry.__dict__.update(path=path, size=size, chunks=tuple(refs), mode=mode, seen=seen)
+    return entry
 
 
 @dataclass(frozen=True)
@@ -374,11 +396,17 @@ class Tree:
             f = Fields(body, what=what)
             fmt = f.integer("format", minimum=TREE_FORMAT, maximum=PACKED_TREE_FORMAT)
             f.equal("identity", identity)
+            packs: dict[str, str] = {}
             files = tuple(
-                _quick_file(entry, identity=identity)
+                _quick_file(entry, identity=identity, packs=packs)
                 or TreeFile.from_json(entry, identity=identity, what=f"{what} file {n}")
                 for n, entry in enumerate(f.items("files", max_items=MAX_FILES))
             )
+        texts = entry_texts(data, body["files"], fmt=fmt, identity=identity)
+        for entry, text in zip(files, texts, strict=True) if texts else ():
+            object.__setattr__(
+                entry, "_encoded", text
+            )  # what encoded() answers: a re-save writes it as it is
         tree = cls(identity=identity, files=files)
         if tree.packed and fmt < PACKED_TREE_FORMAT:
             raise CheckpointCorruptError(
