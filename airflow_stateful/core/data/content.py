@@ -178,7 +178,8 @@ class ContentStore:
         previous: Manifest | None,
         check: Callable[[], None] | None,
     ) -> TreeRef:
-        """Upload the chunks ``previous`` does not already hold, then the tree (unless it is ``previous``'s).
+        """Upload the chunks ``previous`` does not already hold, and the tree (unless it is ``previous``'s) while
+        the last packs are still being uploaded.
 
         A tree of small files (:func:`~airflow_stateful.core.data.packs.mostly_small`) is saved with the cyclic
         garbage collector paused (:mod:`airflow_stateful.core.collector`)."""
@@ -186,6 +187,9 @@ class ContentStore:
         with paused_collector(when=mostly_small(len(local_files), total)):
             before = self.tree(previous) if previous is not None else None
             known = {c.sha256: c for f in (before.files if before else ()) for c in f.chunks}
+            # The tree is written while the last packs are uploaded: it is invisible until the head names it.
+            written: list[TreeRef] = []
+            same = previous.tree if previous is not None else None
             progress = None
             if total >= PROGRESS_MIN_BYTES:
                 progress = TransferProgress(
@@ -205,6 +209,11 @@ class ContentStore:
                 index=self.file_index,
                 remember=self._remember(total),
                 prior={f.path: f for f in before.files} if before is not None else None,
+                while_packs_land=lambda files: written.append(
+                    self.write_tree(
+                        Tree(identity=self.identity.key, files=tuple(files)), commit_id, same_as=same
+                    )
+                ),
             )
             if progress:
                 progress.finish()
@@ -216,8 +225,7 @@ class ContentStore:
                 result.chunks_reused,
                 human_bytes(result.bytes_reused),
             )
-            tree = Tree(identity=self.identity.key, files=tuple(result.files))
-            return self.write_tree(tree, commit_id, same_as=previous.tree if previous is not None else None)
+            return written[0]
 
     def _remember(self, total: int) -> Callable[[ChunkRef, bytes], None] | None:
         """What keeps uploaded chunks in the worker's restore cache, if there is one and ``total`` bytes fit

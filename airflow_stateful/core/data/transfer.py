@@ -71,6 +71,7 @@ def upload_files(
     remember: Callable[[ChunkRef, bytes], None] | None = None,
     pack: bool = True,
     prior: Mapping[str, TreeFile] | None = None,
+    while_packs_land: Callable[[list[TreeFile]], None] | None = None,
 ) -> UploadResult:
     """Cut, hash and upload the chunks of ``files`` that ``known`` (sha256 -> chunk the identity keeps) lacks.
 
@@ -86,6 +87,9 @@ def upload_files(
     ``remember`` sees each chunk uploaded, with its bytes (the worker's restore cache): it must not raise.
     ``pack``: put files below :data:`~airflow_stateful.core.data.packs.PACK_BELOW` into packs (format 5); off,
     every chunk is an object of its own (what releases before format 5 read).
+    ``while_packs_land`` is given the tree's entries as soon as every chunk has its place, while the last packs
+    are still being uploaded (the caller writes the tree meanwhile: a 10,000-file tree's PUT is as long as a
+    pack's); if it raises, the save fails as if an upload had.
     """
     loose_budget = ByteBudget(MAX_IN_FLIGHT)
     save_budget = ByteBudget(MAX_SAVE_IN_FLIGHT)
@@ -272,6 +276,9 @@ def upload_files(
                 raise failures[0]
             if packs is not None:
                 seal(packs.flush())  # every chunk is hashed: the last pack is complete
+            tree_files = _tree_files(layouts, staged, placed)  # every chunk has its place
+            if while_packs_land is not None:
+                while_packs_land(tree_files)
             wait(pack_futures, return_when=FIRST_EXCEPTION)
             if failures:
                 raise failures[0]
@@ -283,6 +290,26 @@ def upload_files(
             if index is not None:
                 index.discard()
             raise
+    if index is not None:
+        for name, before, after, started, n in staged:
+            index.stage(name, before, after, tree_files[n], started)
+        index.publish()
+    return UploadResult(
+        files=tree_files,
+        chunks_sent=sent[0],
+        bytes_sent=sent[1],
+        chunks_reused=reused[0],
+        bytes_reused=reused[1],
+    )
+
+
+def _tree_files(
+    layouts: list[TreeFile | tuple[LocalFile, list[Future[str]] | None, list[tuple[str, int]]]],
+    staged: list[tuple[str, FileStatus, FileStatus, int, int]],
+    placed: dict[str, ChunkRef],
+) -> list[TreeFile]:
+    """The tree's entries, in the files' order, once every chunk has its place (``placed``): each file's as the
+    index gave it, or made of its chunks, with its status when it can be recorded."""
     # The files whose status can be recorded: settled before they were read and unchanged while read.
     seen = {
         n: (before.device, before.inode, before.mtime_ns, before.ctime_ns)
@@ -305,17 +332,7 @@ def upload_files(
                 seen=seen.get(n),
             )
         )
-    if index is not None:
-        for name, before, after, started, n in staged:
-            index.stage(name, before, after, tree_files[n], started)
-        index.publish()
-    return UploadResult(
-        files=tree_files,
-        chunks_sent=sent[0],
-        bytes_sent=sent[1],
-        chunks_reused=reused[0],
-        bytes_reused=reused[1],
-    )
+    return tree_files
 
 
 def _seen_as(entry: TreeFile, status: FileStatus) -> bool:
