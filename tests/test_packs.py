@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +20,7 @@ from test_cli import backend, cli, open_cs  # noqa: F401 - `backend` is a fixtur
 
 from airflow_stateful.core import CheckpointStore, Identity, collect_garbage
 from airflow_stateful.core.data.packs import MAX_GAP, MAX_RANGE, PACK_BELOW, coalesce
-from airflow_stateful.core.errors import CheckpointCorruptError
+from airflow_stateful.core.errors import CheckpointCorruptError, StoreError
 from airflow_stateful.core.records.formats import PACKS_FORMAT
 from airflow_stateful.core.records.trees import ChunkRef
 from airflow_stateful.core.stores.base import ObjectStore
@@ -249,3 +250,43 @@ def test_a_get_never_exceeds_the_range_cap_and_packs_never_share_one() -> None:
         ("i/~packs/p", 2 * MAX_RANGE, size),
         ("i/~packs/q", 0, 10),
     ]
+
+
+def test_a_pack_lost_after_the_tree_was_written_leaves_the_last_checkpoint_and_only_garbage(
+    tmp_path: Path,
+) -> None:
+    """The tree is written while the last packs are uploaded (issue 32): a pack whose upload fails after the
+    tree landed must leave the head at the previous checkpoint, restore that one exactly, and leave only
+    garbage that GC removes."""
+    with LocalObjectStore(root=tmp_path / "state") as store:
+        cs = CheckpointStore(store=store, identity=IDENTITY)
+        src = small_files(tmp_path / "src", 200)
+        first = commit(cs, src, {"n": 1})
+        before = objects(store)
+        for path in sorted(src.rglob("*.bin"))[:20]:
+            path.write_bytes(os.urandom(4 * KIB))
+        tree_written = threading.Event()
+        put = store.put
+
+        def failing_put(key: str, data: bytes, **kwargs: Any) -> str:
+            if "/~packs/" in key:
+                assert tree_written.wait(30), "the tree was not written while the pack was uploading"
+                raise StoreError(f"injected: the PUT of {key} failed")
+            etag = put(key, data, **kwargs)
+            if "/~trees/" in key:
+                tree_written.set()
+            return etag
+
+        store.put = failing_put  # type: ignore[method-assign]
+        lease = cs.acquire(steal=True)
+        with pytest.raises(StoreError, match="injected"):
+            cs.commit(lease, {"n": 2}, files=src)
+        store.put = put  # type: ignore[method-assign]
+        cs.release(lease)
+        fresh = CheckpointStore(store=store, identity=IDENTITY)
+        latest = fresh.latest()
+        assert latest is not None and latest.commit_id == first.commit_id
+        assert latest.value == {"n": 1}
+        assert any("/~trees/" in k for k in set(objects(store)) - set(before)), "the orphan tree is there"
+        collect_garbage(fresh, min_age=timedelta(0))
+        assert objects(store) == before
