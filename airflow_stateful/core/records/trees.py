@@ -286,6 +286,8 @@ def _quick_file(data: Any, *, identity: str, packs: dict[str, str] | None = None
     one copy of the key that every chunk in it then shares."""
     if type(data) is not dict:
         return None
+    if packs is None:
+        packs = {}
     path, size, chunks, mode = data.get("path"), data.get("size"), data.get("chunks"), data.get("mode")
     status = data.get("status")
     seen = None
@@ -318,12 +320,11 @@ def _quick_file(data: Any, *, identity: str, packs: dict[str, str] | None = None
             offset = c.get("offset")
             if type(pack) is not str:
                 return None
-            checked = packs.get(pack) if packs is not None else None
+            checked = packs.get(pack)
             if checked is None:
                 if len(pack) > MAX_KEY or not _pack_shape(identity).fullmatch(pack):
                     return None
-                if packs is not None:
-                    packs[pack] = pack
+                packs[pack] = pack
             else:
                 pack = checked
             if type(offset) is not int or not 0 <= offset <= MAX_PACK_BYTES - csize:
@@ -403,10 +404,9 @@ class Tree:
                 for n, entry in enumerate(f.items("files", max_items=MAX_FILES))
             )
         texts = entry_texts(data, body["files"], fmt=fmt, identity=identity)
+        # What each entry's encoded() then answers: a re-save writes it into the next tree as it is.
         for entry, text in zip(files, texts, strict=True) if texts else ():
-            object.__setattr__(
-                entry, "_encoded", text
-            )  # what encoded() answers: a re-save writes it as it is
+            object.__setattr__(entry, "_encoded", text)
         tree = cls(identity=identity, files=files)
         if tree.packed and fmt < PACKED_TREE_FORMAT:
             raise CheckpointCorruptError(
