@@ -84,9 +84,15 @@ dag_object = the_dag()
 
 class CliGcLoop:
     """``airflow-stateful gc --min-age 0 --keep-last 1`` run again and again, as the issue's reproduction does
-    with cron (each run is a new process configured by the same ``AIRFLOW__STATEFUL__*`` environment)."""
+    with cron (each run is a new process configured by the same ``AIRFLOW__STATEFUL__*`` environment).
 
-    def __init__(self) -> None:
+    The loop starts once the task has written its first object, as a cron job does once something is deployed:
+    on the local store the state directory does not exist before that, and the CLI refuses a missing directory
+    (exit 2, "nothing was ever written there, or backend_url is mistyped"), which is what it should do there.
+    """
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
         self.codes: list[int] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
@@ -101,6 +107,8 @@ class CliGcLoop:
             "--keep-last",
             "1",
         ]
+        while not self.stop.is_set() and next(iter(self.store.list_objects("")), None) is None:
+            time.sleep(0.05)
         while not self.stop.is_set():
             done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=dict(os.environ))
             self.codes.append(done.returncode)
@@ -122,7 +130,7 @@ def test_a_task_computing_4x_the_ttl_between_saves_succeeds_on_its_first_try_whi
     work = tmp_path / "work"
     body = LONG_EPOCH.replace("__WORK__", repr(str(work))).replace("__COMPUTE__", str(4 * TTL))
     dag_file = write_dag(dags_folder, tmp_path, body)
-    with GcLoop(store, keep_last=1, grace=1) as gc, CliGcLoop() as cli_gc:
+    with GcLoop(store, keep_last=1, grace=1) as gc, CliGcLoop(store) as cli_gc:
         _, run = run_dag(dag_file)
     assert cli_gc.codes and set(cli_gc.codes) == {0}, (
         f"the CLI's GC failed beside the task: {cli_gc.errors[:1]}"
