@@ -63,7 +63,7 @@ from airflow_stateful.core.records.outputs import (
 )
 from airflow_stateful.core.records.trees import ChunkRef, Tree, TreeFile, TreeRef, tree_key
 from airflow_stateful.core.records.writer import WriterInfo
-from airflow_stateful.core.stores.base import ObjectStore
+from airflow_stateful.core.stores.base import Blob, ObjectStore
 
 log = logging.getLogger("airflow_stateful")
 
@@ -91,14 +91,13 @@ class ContentStore:
     """
 
     def __init__(self, *, store: ObjectStore, identity: Identity, parallelism: int | None = None) -> None:
-        self.store = store
-        self.identity = identity
+        self.store, self.identity = store, identity
         self.parallelism = parallelism or store.parallelism
         self._trees: dict[str, Tree] = {}
+        self._ahead: tuple[str, Blob] | None = None  # a tree read ahead (read_ahead), for the next tree_of
         #: The files this writer saved last, so a re-save reads only the files that changed (:mod:`.file_index`).
         self.file_index = FileIndex()
-        #: The worker's restore cache, if the writer has one: every chunk uploaded is kept there too, from memory,
-        #: so a retry on this machine need not download it (set by the writer session).
+        #: The worker's restore cache, if any: every chunk uploaded is kept there too (set by the writer session).
         self.chunk_cache: ChunkCache | None = None
 
     def __repr__(self) -> str:
@@ -111,11 +110,11 @@ class ContentStore:
 
     def tree_of(self, ref: TreeRef) -> Tree:
         """The tree ``ref`` names, read (or taken from memory) and verified against its size and SHA-256."""
-        cached = self._trees.get(ref.key)
+        cached, ahead, self._ahead = self._trees.get(ref.key), self._ahead, None
         if cached is not None:
             return cached
         try:
-            blob = self.store.get(ref.key, max_bytes=ref.size)
+            blob = ahead[1] if ahead and ahead[0] == ref.key else self.store.get(ref.key, max_bytes=ref.size)
         except ObjectNotFoundError as exc:
             raise CheckpointCorruptError(
                 f"tree {ref.key!r} of {self.identity} is missing from {self.store.url}: {exc}. Roll back to an "
@@ -143,6 +142,11 @@ class ContentStore:
             )
         self._keep(ref.key, tree)
         return tree
+
+    def read_ahead(self, ref: TreeRef) -> None:
+        """Read (not verify) the tree ``ref`` names for the next :meth:`tree_of`, which verifies it (one slot)."""
+        if ref.key not in self._trees:
+            self._ahead = (ref.key, self.store.get(ref.key, max_bytes=ref.size))
 
     def _keep(self, key: str, tree: Tree) -> None:
         if len(self._trees) >= TREE_CACHE:

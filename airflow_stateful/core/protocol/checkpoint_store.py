@@ -52,6 +52,7 @@ from airflow_stateful.core.protocol.lease import (
     renewed,
 )
 from airflow_stateful.core.protocol.marks import MarkStore
+from airflow_stateful.core.protocol.prefetch import SavePrefetch
 from airflow_stateful.core.protocol.reader import CheckpointReader
 from airflow_stateful.core.protocol.retention import KeepLast, RetentionPolicy, references, unreferenced
 from airflow_stateful.core.records.code_identity import CodeIdentity
@@ -287,14 +288,19 @@ class CheckpointStore(CheckpointReader):
             manifest so that the copy says where its state came from after retention drops the original.
         """
         stored_value = self._checked_value(lease, value, schema_version, extra, value_codec, encoded)
-        with paused_collector():  # a record per file, none in a cycle (collector.py)
-            local_files = collect_files(files, exclude=exclude, follow_symlinks=follow_symlinks)
         for earlier in (keep_files_from, previous):
             if earlier is not None and earlier.identity != self.identity.key:
                 raise ValueError(
                     f"{earlier.identity} is not {self.identity}: a checkpoint of another identity"
                 )
-        head = self._holder_head(lease, fresh=bool(local_files))
+        # The head and the tree to deduplicate against are read while the files are listed (prefetch.py).
+        ahead = SavePrefetch(
+            heads=self.heads, content=self.content, previous=previous, enabled=files is not None
+        )
+        with ahead, paused_collector():  # a record per file, none in a cycle (collector.py)
+            local_files = collect_files(files, exclude=exclude, follow_symlinks=follow_symlinks)
+        loaded, read_head, latest = ahead.result()
+        head = self._holder_head(lease, fresh=bool(local_files), read=(read_head,) if loaded else None)
         outputs_base = self._outputs_base(head, keep_files_from, previous)
         if (
             local_files
@@ -305,7 +311,7 @@ class CheckpointStore(CheckpointReader):
             # so they must not be assumed present. Deduplicate against what the head keeps instead.
             previous = None
         if local_files and previous is None and keep_files_from is None:
-            previous = self._dedup_base(head)
+            previous = self._dedup_base(head, latest)
         started = time.monotonic()
         seq, commit_id = head.next_seq, uuid.uuid4().hex
         tree_ref: TreeRef | None = None
@@ -357,11 +363,16 @@ class CheckpointStore(CheckpointReader):
             encode_value(extra, JSON)
         return stored
 
-    def _holder_head(self, lease: Lease, *, fresh: bool) -> HeadRecord:
+    def _holder_head(
+        self, lease: Lease, *, fresh: bool, read: tuple[HeadRecord | None] | None = None
+    ) -> HeadRecord:
         """The head, checked to be ``lease``'s, before anything is uploaded: a fenced zombie must not push
         gigabytes first. A value-only commit (``fresh=False``) trusts the head this process last saw (the CAS
-        re-checks it anyway); a refusal re-reads it to name the current holder."""
+        re-checks it anyway); ``read``: the head as this commit read it already; a refusal re-reads it to name the
+        current holder."""
         try:
+            if read is not None:
+                return check_holder(read[0], lease, action="commit to")
             return check_holder(
                 self.heads.load()[0] if fresh else self.heads.cached(), lease, action="commit to"
             )
@@ -411,8 +422,9 @@ class CheckpointStore(CheckpointReader):
                 return manifest
         return self.content.read_manifest(newest)
 
-    def _dedup_base(self, head: HeadRecord) -> Manifest | None:
-        """The newest checkpoint, whose chunks a commit that was not told its ``previous`` need not upload.
+    def _dedup_base(self, head: HeadRecord, read: Manifest | None = None) -> Manifest | None:
+        """The newest checkpoint, whose chunks a commit that was not told its ``previous`` need not upload
+        (``read``: its manifest if this commit read it already).
 
         Best effort: a checkpoint that cannot be read (or has no readable tree) only means every chunk is
         uploaded again, never a failed commit.
@@ -420,7 +432,10 @@ class CheckpointStore(CheckpointReader):
         if head.latest is None:
             return None
         try:
-            manifest = self.content.read_manifest(head.latest)
+            if read is not None and read.commit_id == head.latest.commit_id:
+                manifest = read
+            else:
+                manifest = self.content.read_manifest(head.latest)
             self.content.tree(manifest)
         except StatefulError as exc:
             log.warning(
