@@ -346,13 +346,11 @@ def put_slices(
 
 def put_cut(client: Any, bucket: str, src: Path, prefix: str, threads: int) -> list[str]:
     """``put_object`` of ``src``'s content-defined chunks, each named by its SHA-256, ``threads`` at once: the
-    file cut here by pyfastcdc with the library's chunk sizes as it is read (at most ``2 * threads`` chunks held),
-    the way any content-addressed client with content-defined chunking must at least work. Returns the keys."""
-    from pyfastcdc import FastCDC
+    file cut as it is read by the library's own chunker (``iter_chunks``: pyfastcdc with its chunk sizes; at most
+    ``2 * threads`` chunks held), the way any content-addressed client with content-defined chunking must at
+    least work. Returns the keys."""
+    from airflow_stateful.core.data.chunking import iter_chunks
 
-    from airflow_stateful.core.data.chunking import AVG_CHUNK, MAX_CHUNK, MIN_CHUNK
-
-    cdc = FastCDC(avg_size=AVG_CHUNK, min_size=MIN_CHUNK, max_size=MAX_CHUNK)
     held = threading.BoundedSemaphore(2 * threads)
 
     def one(body: bytes) -> str:
@@ -363,11 +361,11 @@ def put_cut(client: Any, bucket: str, src: Path, prefix: str, threads: int) -> l
         finally:
             held.release()
 
-    with open(src, "rb") as fh, ThreadPoolExecutor(threads) as pool:
+    with ThreadPoolExecutor(threads) as pool:
         futures = []
-        for chunk in cdc.cut_stream(fh):
+        for chunk in iter_chunks(src, src.stat().st_size):
             held.acquire()
-            futures.append(pool.submit(one, bytes(chunk.data)))
+            futures.append(pool.submit(one, chunk))
         return [future.result() for future in futures]
 
 

@@ -301,7 +301,7 @@ class CheckpointStore(CheckpointReader):
             local_files = collect_files(files, exclude=exclude, follow_symlinks=follow_symlinks)
         loaded, read_head, latest = ahead.result()
         head = self._holder_head(lease, fresh=bool(local_files), read=(read_head,) if loaded else None)
-        outputs_base = self._outputs_base(head, keep_files_from, previous)
+        outputs_base = self._outputs_base(head, keep_files_from, previous, latest)
         if (
             local_files
             and previous is not None
